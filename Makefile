@@ -1,0 +1,22 @@
+# Every target sets up .venv (Python >= 3.12, pinned PyMC stack) on first use.
+PY := .venv/bin/python
+
+.PHONY: venv example test test-slow bench lint
+
+venv:
+	@bash scripts/venv.sh
+
+example: venv
+	$(PY) examples/a9a_logistic_regression.py
+
+test: venv
+	$(PY) -m pytest -n 2 --durations=15
+
+test-slow: venv
+	$(PY) -m pytest -n 2 -m slow --durations=15
+
+bench: venv
+	$(PY) benchmarks/run.py
+
+lint: venv
+	$(PY) -m ruff check pymc_sgmcmc tests examples benchmarks

@@ -1,0 +1,7 @@
+"""Stochastic-gradient MCMC for PyMC: ``pm.sample(step=SGLD(step_size=...))``."""
+
+from pymc_sgmcmc.model_layer import ModelError
+from pymc_sgmcmc.samplers import MSGLD, SGHMC, SGLD, SGNHT, PolynomialDecay
+
+__all__ = ["MSGLD", "SGHMC", "SGLD", "SGNHT", "ModelError", "PolynomialDecay"]
+__version__ = "0.1.0"

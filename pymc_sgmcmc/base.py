@@ -1,0 +1,358 @@
+"""The PyMC adapter shared by every sampler: blocks of compiled steps served one draw at a time.
+
+A sampler subclass only says how one integrator step transforms the state (its paper's
+algorithm box, written with :mod:`pymc_sgmcmc.operators`). This class owns the rest of the PyMC
+step-method contract (``PLATFORM_NOTES.md``):
+
+* it compiles ``block_steps`` integrator steps into one PyTensor ``scan`` whose sequences are
+  the minibatch indices, the Gaussian noise and the step sizes, all drawn here, in NumPy, from
+  the chain's own generator: runs are reproducible whatever ``cores`` is, and every chain has
+  its own minibatch stream;
+* ``astep`` hands out the stored draws of a block one by one (every ``thin``-th step);
+* a non-finite state flags ``diverging``; the chain restarts from its last finite draw (with
+  fresh auxiliary variables) instead of producing garbage, and a warning says which step size to
+  try;
+* ``setup_chain`` reseeds and resets all per-chain state, kept in ``_state_class``.
+"""
+
+from __future__ import annotations
+
+import warnings
+from typing import Any, ClassVar
+
+import numpy as np
+import pytensor
+import pytensor.tensor as pt
+from pymc.pytensorf import compile as compile_pymc
+from pymc.blocking import RaveledVars
+from pymc.model import modelcontext
+from pytensor import config
+from pymc.step_methods.arraystep import ArrayStepShared
+from pymc.step_methods.compound import Competence, StepMethodState
+from pymc.step_methods.state import dataclass_state
+from pymc.util import get_random_generator
+from pytensor.tensor.variable import TensorVariable
+
+from pymc_sgmcmc.model_layer import SGModel
+
+__all__ = ["SGMCMC", "SGMCMCState", "positive"]
+
+#: Upper bound on the memory of one block's stored positions, to size blocks at large D.
+_BLOCK_MEMORY_BYTES = 64 * 2**20
+
+
+def positive(name: str, value: Any) -> float:
+    """Validate a strictly positive, finite scalar parameter."""
+    try:
+        value = float(value)
+    except (TypeError, ValueError):
+        raise TypeError(f"{name} must be a positive number, got {value!r}") from None
+    if not np.isfinite(value) or value <= 0:
+        raise ValueError(f"{name} must be positive and finite, got {value}")
+    return value
+
+
+@dataclass_state
+class SGMCMCState(StepMethodState):
+    tune: bool
+    step_count: int
+    divergences: int
+    warned: bool
+    chain_state: dict | None
+    buffer: dict | None
+    cursor: int
+    last_draw: np.ndarray | None
+    chain_start: np.ndarray | None
+    draws_left: int | None
+
+
+class SGMCMC(ArrayStepShared):
+    """Base class of the stochastic-gradient samplers (not used directly).
+
+    Parameters common to every sampler
+    ----------------------------------
+    vars : list, optional
+        Value variables; must be all of the model's (the default).
+    thin : int, default 1
+        Integrator steps per stored draw. The stats of a stored draw are those of its last step.
+    block_steps : int, default 1000
+        Integrator steps compiled into one call; draws are served from the block. Only speed
+        depends on it (fewer Python round trips), not the draws.
+    model : pm.Model, optional
+    mode : str or pytensor.compile.Mode, optional
+        PyTensor compilation mode; the default is PyTensor's (numba in PyTensor 3).
+    compile_kwargs : dict, optional
+        Extra keyword arguments for :func:`pytensor.function` (``pm.sample`` does not pass its
+        own ``compile_kwargs`` to a user-built step).
+    rng : RandomGenerator, optional
+        Replaced per chain by ``pm.sample``'s ``random_seed``.
+    """
+
+    name: ClassVar[str] = "sgmcmc"
+    default_blocked = True
+    _state_class = SGMCMCState
+    #: Number of standard-normal D-vectors each integrator step consumes.
+    noise_vectors: ClassVar[int] = 1
+    #: Stats every sampler reports; subclasses add their own.
+    common_stats: ClassVar[dict] = {
+        "step_size": (np.float64, []),
+        "diverging": (bool, []),
+        "divergences": (np.int64, []),
+        "minibatch_logp": (np.float64, []),
+    }
+
+    def __init__(
+        self,
+        vars=None,
+        *,
+        thin: int = 1,
+        block_steps: int = 1000,
+        model=None,
+        mode=None,
+        compile_kwargs: dict | None = None,
+        rng=None,
+        blocked: bool = True,
+    ):
+        model = modelcontext(model)
+        vars = list(model.value_vars) if vars is None else list(vars)
+        if int(thin) != thin or thin < 1:
+            raise ValueError(f"thin must be a positive integer, got {thin}")
+        if int(block_steps) != block_steps or block_steps < 1:
+            raise ValueError(f"block_steps must be a positive integer, got {block_steps}")
+        self.thin = int(thin)
+        self.sg_model = SGModel(model, vars)
+        self.sg_model.check_factorisation()
+        self.dim = self.sg_model.dim
+        max_steps = max(1, _BLOCK_MEMORY_BYTES // (8 * self.dim))
+        self.block_draws = max(1, min(int(block_steps), max_steps) // self.thin)
+        self.mode = mode
+        self.compile_kwargs = dict(compile_kwargs or {})
+        self._functions = None
+        super().__init__(vars, {}, blocked=blocked, rng=rng)
+        self._reset_chain(tune=False, draws=None)
+
+    # ------------------------------------------------------------------ integrator interface
+    def step_sizes(self, steps: np.ndarray) -> np.ndarray:
+        """Step size of each global step index (constant unless a sampler has a schedule)."""
+        return np.full(steps.shape, self.step_size)
+
+    def initial_auxiliary(self, rng: np.random.Generator) -> dict[str, np.ndarray]:
+        """Values of the auxiliary variables (momentum, thermostat...) at a chain (re)start."""
+        return {}
+
+    def evaluate(self, theta, indices, noise) -> dict[str, TensorVariable]:
+        """Quantities computed at a new position with one minibatch: here F and log-density.
+
+        Samplers whose noise depends on the gradient-noise covariance at the position (mSGLD,
+        SGHMC with B-hat) also prepare it here, from ``noise``, for the next step.
+        """
+        force, logp = self.sg_model.force_and_logp(theta, indices)
+        return {"force": force, "logp": logp}
+
+    def integrate(self, state, indices, noise, h) -> tuple[dict, dict]:
+        """One integrator step: new state and the step's sampler-specific scalar stats."""
+        raise NotImplementedError
+
+    def stable_step_size(self, curvature: float) -> float:
+        """Half the linear-stability limit for a Gaussian of largest Hessian eigenvalue
+        ``curvature``: h^2 lambda < 4 for the second-order (momentum) integrators."""
+        return 1.0 / np.sqrt(curvature)
+
+    def step_size_hint(self, theta: np.ndarray, failed: float) -> float:
+        """A step size to suggest after a divergence at step size ``failed``: the stability
+        limit from the curvature at ``theta``, and at most half of ``failed``."""
+        curvature = self.sg_model.largest_curvature(theta, self.rng)
+        if not np.isfinite(curvature) or curvature <= 0:
+            return 0.5 * failed
+        return min(self.stable_step_size(curvature), 0.5 * failed)
+
+    # ------------------------------------------------------------------ compilation
+    def _compile(self):
+        ml = self.sg_model
+        theta = pt.vector("theta", shape=(self.dim,))
+        indices = [
+            pt.vector(f"index_{k}", dtype="int64", shape=i.type.shape)
+            for k, i in enumerate(ml.indices)
+        ]
+        noise = pt.tensor("noise", shape=(self.noise_vectors, self.dim))
+        evaluated = self.evaluate(theta, indices, noise)
+        kwargs = {"mode": self.mode, **self.compile_kwargs, "on_unused_input": "ignore"}
+        init_fn = self._function([theta, *indices, noise], list(evaluated.values()), kwargs)
+
+        aux = self.initial_auxiliary(np.random.default_rng(0))
+        names = ["theta", *evaluated, *aux]
+        state0 = {"theta": theta}
+        for name, var in evaluated.items():
+            state0[name] = var.type(name)
+        for name, value in aux.items():
+            state0[name] = pt.tensor(name, shape=np.shape(value), dtype="float64")
+        index_seqs = [
+            pt.matrix(f"indices_{k}", dtype="int64", shape=(None, i.type.shape[0]))
+            for k, i in enumerate(ml.indices)
+        ]
+        noise_seq = pt.tensor("noise_seq", shape=(None, self.noise_vectors, self.dim))
+        h_seq = pt.vector("h_seq")
+        n_idx = len(index_seqs)
+        stat_names: list[str] = []
+
+        def one_step(*args):
+            idx_t = list(args[:n_idx])
+            noise_t, h_t = args[n_idx], args[n_idx + 1]
+            state = dict(zip(names, args[n_idx + 2 :], strict=True))
+            new_state, stats = self.integrate(state, idx_t, noise_t, h_t)
+            stat_names[:] = list(stats)
+            finite = pt.all([pt.all(pt.isfinite(new_state[n])) for n in names])
+            stat_values = [pt.as_tensor(s).astype("float64") for s in stats.values()]
+            return [new_state[n] for n in names] + [finite] + stat_values
+
+        n_stats = len(self._integrator_stat_names())
+        outputs = pytensor.scan(
+            one_step,
+            sequences=[*index_seqs, noise_seq, h_seq],
+            outputs_info=[state0[n] for n in names] + [None] * (1 + n_stats),
+            return_updates=False,
+        )
+        states, finite, stats = outputs[: len(names)], outputs[len(names)], outputs[len(names) + 1 :]
+        logp_trace = states[names.index("logp")]
+        block_fn = self._function(
+            [*(state0[n] for n in names), *index_seqs, noise_seq, h_seq],
+            [*(s[-1] for s in states), states[0], logp_trace, finite, *stats],
+            kwargs,
+        )
+        self._functions = (init_fn, block_fn, names, list(evaluated), stat_names)
+
+    def _function(self, inputs, outputs, kwargs):
+        # PyMC's compile turns the logp's parameter checks into -inf instead of exceptions, so
+        # that a run-away chain is caught as a divergence.
+        with self.sg_model.model:
+            return compile_pymc(inputs, outputs, random_seed=False, **kwargs)
+
+    def _integrator_stat_names(self) -> list[str]:
+        return [k for k in self.stats_dtypes_shapes if k not in self.common_stats]
+
+    @property
+    def functions(self):
+        if self._functions is None:
+            self._compile()
+        return self._functions
+
+    def __getstate__(self):
+        # Compiled functions are rebuilt lazily in each worker process (cores > 1).
+        state = self.__dict__.copy()
+        state["_functions"] = None
+        return state
+
+    # ------------------------------------------------------------------ PyMC contract
+    @staticmethod
+    def competence(var, has_grad):
+        # Never chosen automatically: an SG sampler is always the user's explicit choice.
+        return Competence.COMPATIBLE
+
+    def setup_chain(self, rng, tune: int, draws: int) -> None:
+        super().setup_chain(rng, tune, draws)
+        self._reset_chain(tune=tune > 0, draws=tune + draws)
+
+    def _reset_chain(self, tune: bool, draws: int | None) -> None:
+        self.tune = tune
+        self.step_count = 0
+        self.divergences = 0
+        self.warned = False
+        self.chain_state = None
+        self.buffer = None
+        self.cursor = 0
+        self.last_draw = None
+        self.chain_start = None
+        self.draws_left = draws
+
+    def reset_tuning(self) -> None:
+        """Tuning is burn-in only: the kernel does not change during ``tune``."""
+
+    def astep(self, q0: RaveledVars) -> tuple[RaveledVars, list[dict[str, Any]]]:
+        theta = q0.data
+        if self.last_draw is None or not np.array_equal(theta, self.last_draw):
+            # Chain start, or another step method moved the point: (re)start from it.
+            self.chain_state = None
+            self.buffer = None
+            self.chain_start = np.array(theta)
+        if self.buffer is None or self.cursor >= len(self.buffer["theta"]):
+            self._fill_buffer(theta)
+        i = self.cursor
+        self.cursor += 1
+        draw = self.buffer["theta"][i]
+        stats = {name: values[i] for name, values in self.buffer.items() if name != "theta"}
+        if stats["diverging"]:
+            self.divergences += 1
+        stats["divergences"] = self.divergences
+        self.last_draw = draw
+        if self.draws_left is not None:
+            self.draws_left -= 1
+        return RaveledVars(draw, q0.point_map_info), [stats]
+
+    # ------------------------------------------------------------------ blocks
+    def _initial_state(self, theta: np.ndarray) -> dict[str, np.ndarray]:
+        init_fn, _, names, evaluated, _ = self.functions
+        indices = [i[0] for i in self.sg_model.draw_indices(self.rng, 1)]
+        noise = self.rng.standard_normal((self.noise_vectors, self.dim))
+        values = init_fn(np.asarray(theta, dtype=config.floatX), *indices, noise)
+        state = {"theta": np.array(theta, dtype=config.floatX), **dict(zip(evaluated, values, strict=True))}
+        state.update(self.initial_auxiliary(self.rng))
+        return {n: state[n] for n in names}
+
+    def _fill_buffer(self, theta: np.ndarray) -> None:
+        _, block_fn, names, _, stat_names = self.functions
+        if self.chain_state is None:
+            self.chain_state = self._initial_state(theta)
+        n_draws = self.block_draws
+        if self.draws_left is not None and self.draws_left > 0:
+            n_draws = min(n_draws, self.draws_left)
+        n_steps = n_draws * self.thin
+        step_index = self.step_count + np.arange(n_steps)
+        h = np.asarray(self.step_sizes(step_index), dtype=config.floatX)
+        indices = self.sg_model.draw_indices(self.rng, n_steps)
+        noise = self.rng.standard_normal((n_steps, self.noise_vectors, self.dim))
+        out = block_fn(*(self.chain_state[n] for n in names), *indices, noise, h)
+        final, (thetas, logps, finite, *stats) = out[: len(names)], out[len(names) :]
+        stored = slice(self.thin - 1, None, self.thin)
+        buffer = {
+            "theta": thetas[stored],
+            "step_size": h[stored],
+            "minibatch_logp": logps[stored],
+            "diverging": np.zeros(n_draws, dtype=bool),
+            **{name: values[stored] for name, values in zip(stat_names, stats, strict=True)},
+        }
+        for name in self._integrator_stat_names():
+            buffer[name] = buffer[name].astype(self.stats_dtypes_shapes[name][0])
+        if finite.all():
+            self.chain_state = dict(zip(names, final, strict=True))
+            self.step_count += n_steps
+        else:
+            buffer = self._truncate_at_divergence(buffer, theta, int(np.argmin(finite)))
+        self.buffer = buffer
+        self.cursor = 0
+
+    def _truncate_at_divergence(self, buffer: dict, start: np.ndarray, bad_step: int) -> dict:
+        """Keep the draws before the first non-finite step; the next draw repeats the last
+        finite position with ``diverging=True``, and the chain restarts from there."""
+        j = bad_step // self.thin
+        last = buffer["theta"][j - 1] if j > 0 else np.array(start)
+        h_bad = float(buffer["step_size"][j])
+        kept = {name: values[: j + 1].copy() for name, values in buffer.items()}
+        kept["theta"][j] = last
+        kept["diverging"][j] = True
+        for name, values in kept.items():
+            if values.dtype.kind == "f" and name not in ("theta", "step_size"):
+                values[j] = np.nan
+        self.step_count += (j + 1) * self.thin
+        self.chain_state = None  # restart from `last` with fresh auxiliary variables
+        if not self.warned:
+            self.warned = True
+            warnings.warn(
+                f"{type(self).__name__} diverged (non-finite position, momentum or force) at "
+                f"step {self.step_count} with step_size={h_bad:.3g}. The chain restarts from its "
+                "last finite draw and the draw is flagged `diverging`. From the curvature of the "
+                "log-density at the chain's starting point, try "
+                f"step_size={self.step_size_hint(self.chain_start, h_bad):.3g} or smaller.",
+                RuntimeWarning,
+                stacklevel=2,
+            )
+        return kept

@@ -1,0 +1,488 @@
+"""From a PyMC model to the graphs a stochastic-gradient integrator needs.
+
+Everything that touches the user's model lives here; the integrators only see a flat
+position vector ``theta`` (all continuous free variables, raveled, in the unconstrained value
+space) and the minibatch index vectors. The module builds
+
+* the noisy force ``F(theta) = grad log prior + (N/n) sum_{i in B} grad log p(x_i | theta)``
+  (``ALGORITHMS.md``, Notation). PyMC's elementwise observed log-density already carries the
+  ``N/n`` factor when ``total_size`` is set, so it is applied exactly once, by PyMC;
+* the per-observation gradients ``G`` (``n x D``, row ``i`` = the gradient of observation ``i``'s
+  *scaled* term ``(N/n) log p(x_i | theta)``), obtained by vectorising the one-observation gradient
+  over the batch with :func:`pytensor.graph.replace.vectorize_graph` rather than with
+  ``jacobian`` (O(n^2 D) in general, see ``PLATFORM_NOTES.md``);
+* the minibatch estimate of the model log-density at ``theta``.
+
+``pm.Minibatch`` draws its indices with a random generator that ``pm.sample`` never reseeds
+(``PLATFORM_NOTES.md``): every ``MinibatchOp`` is therefore replaced by ``data[index]`` with
+``index`` an explicit input that the step method draws from its own per-chain generator. That
+makes runs reproducible and gives every chain its own minibatch stream.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from functools import cached_property
+
+import numpy as np
+import pymc as pm
+import pytensor
+import pytensor.tensor as pt
+from pymc.data import MinibatchOp
+from pymc.logprob.basic import transformed_conditional_logp
+from pymc.logprob.utils import replace_rvs_by_values
+from pymc.pytensorf import join_nonshared_inputs
+from pymc.variational.minibatch_rv import MinibatchRandomVariable
+from pytensor.graph.basic import Apply, Constant, Variable
+from pytensor.graph.replace import clone_replace, vectorize_graph
+from pytensor.graph.traversal import ancestors
+
+__all__ = ["MinibatchSource", "ModelError", "NoiseCovariance", "SGModel"]
+
+
+class ModelError(ValueError):
+    """The model cannot be sampled with stochastic gradients as written."""
+
+
+@dataclass(frozen=True, eq=False)
+class MinibatchSource:
+    """One ``pm.Minibatch(...)`` call: the full data arrays it slices and its sizes."""
+
+    node: Apply
+    data_names: tuple[str, ...]
+    total_size: int
+    batch_size: int
+
+    @property
+    def data(self) -> list[Variable]:
+        # The MinibatchOp's inputs are the full data tensors followed by its generator.
+        return list(self.node.inputs[:-1])
+
+    @cached_property
+    def shared_data(self) -> list[Variable]:
+        """The data as shared variables: constants would be baked into compiled code, which
+        makes numba's compile slower and its on-disk cache unusable."""
+        return [
+            pytensor.shared(d.data, name=f"minibatch_data_{i}") if isinstance(d, Constant) else d
+            for i, d in enumerate(self.data)
+        ]
+
+    @property
+    def outputs(self) -> list[Variable]:
+        # Its outputs are the sliced tensors followed by the generator update.
+        return list(self.node.outputs[:-1])
+
+
+def _describe(var: Variable) -> str:
+    if var.name:
+        return f"'{var.name}'"
+    if isinstance(var, Constant):
+        return f"a constant array of shape {var.data.shape}"
+    return str(var)
+
+
+def _minibatch_nodes(graphs: Sequence[Variable]) -> list[Apply]:
+    nodes = []
+    for var in ancestors(graphs):
+        node = var.owner
+        if node is not None and isinstance(node.op, MinibatchOp) and node not in nodes:
+            nodes.append(node)
+    return nodes
+
+
+def _leading_length(var: Variable) -> int:
+    static = var.type.shape[0] if var.type.ndim else None
+    if static is not None:
+        return int(static)
+    return int(var.shape[0].eval())
+
+
+def _find_sources(model: pm.Model) -> list[MinibatchSource]:
+    graphs = [*model.observed_RVs, *model.rvs_to_values.values(), *model.potentials]
+    sources = []
+    for node in _minibatch_nodes(graphs):
+        data = node.inputs[:-1]
+        total = _leading_length(data[0])
+        batch = node.outputs[0].type.shape[0]
+        if batch is None:  # pragma: no cover - pm.Minibatch always has a static batch size
+            raise ModelError("a pm.Minibatch output has no static batch size")
+        names = tuple(_describe(v) for v in data)
+        if batch > total:
+            raise ModelError(
+                f"pm.Minibatch over {', '.join(names)} has batch_size={batch} but the data have "
+                f"only N={total} rows: choose batch_size <= {total} (or drop pm.Minibatch to use "
+                "full-batch gradients)."
+            )
+        sources.append(MinibatchSource(node, names, total, int(batch)))
+    sizes = {s.batch_size for s in sources}
+    if len(sizes) > 1:
+        detail = "; ".join(f"{', '.join(s.data_names)}: {s.batch_size}" for s in sources)
+        raise ModelError(
+            "the model reads several pm.Minibatch calls with different batch sizes "
+            f"({detail}). Per-observation gradients pair row i of every batch, so all "
+            "pm.Minibatch calls must use the same batch_size."
+        )
+    return sources
+
+
+def _check_free_variables(model: pm.Model, value_vars: Sequence[Variable]) -> None:
+    for rv in model.free_RVs:
+        value = model.rvs_to_values[rv]
+        if value.type.dtype.startswith(("int", "uint", "bool")):
+            raise ModelError(
+                f"free variable '{rv.name}' is discrete ({value.type.dtype}); stochastic-gradient "
+                "samplers need continuous variables. Marginalise it out (e.g. with "
+                "pymc_extras.marginalize) or reparametrise it as a continuous variable."
+            )
+    missing = [v.name for v in model.value_vars if v not in value_vars]
+    if missing:
+        raise ModelError(
+            f"the step must update every free variable together, but {missing} were left out. "
+            "Pass no `vars` (the default) to sample all of them."
+        )
+
+
+def _check_observed(model: pm.Model, obs, sources: list[MinibatchSource]) -> MinibatchSource | None:
+    """Return the minibatch source observed variable ``obs`` reads, or None for full data."""
+    value = model.rvs_to_values[obs]
+    nodes = _minibatch_nodes([obs, value])
+    if not nodes:
+        return None
+    if len(nodes) > 1:
+        raise ModelError(
+            f"observed variable '{obs.name}' reads data from {len(nodes)} separate pm.Minibatch "
+            "calls. Each call draws its own row indices, so the rows no longer match (x_i paired "
+            "with some other y_j). Slice them together: `X_mb, y_mb = pm.Minibatch(X, y, "
+            "batch_size=n)`."
+        )
+    source = next(s for s in sources if s.node is nodes[0])
+    if not isinstance(obs.owner.op, MinibatchRandomVariable):
+        raise ModelError(
+            f"observed variable '{obs.name}' reads pm.Minibatch data but has no total_size, so "
+            "its log-likelihood would not be scaled up to the full data set. Pass "
+            f"total_size={source.total_size} to '{obs.name}'."
+        )
+    total = obs.owner.inputs[1]
+    if not isinstance(total, Constant) or int(total.data) != source.total_size:
+        raise ModelError(
+            f"observed variable '{obs.name}' has total_size={total} along its first axis, but the "
+            f"data it reads through pm.Minibatch have N={source.total_size} rows. Pass "
+            f"total_size={source.total_size}."
+        )
+    if any(not (isinstance(t, Constant) and t.data is None) for t in obs.owner.inputs[2:]):
+        raise ModelError(
+            f"observed variable '{obs.name}' sets total_size along more than its first axis; "
+            "only the observation (first) axis can be minibatched."
+        )
+    return source
+
+
+class SGModel:
+    """A PyMC model split into a full-data part and a minibatch part, in flat coordinates.
+
+    Parameters
+    ----------
+    model : pm.Model
+    value_vars : sequence of value variables
+        Must be all of the model's value variables (every free variable is updated together).
+
+    Attributes
+    ----------
+    theta : TensorVariable
+        Flat position (``D``,), the raveled value variables in ``value_vars`` order.
+    indices : tuple of TensorVariable
+        One int64 vector (``n``,) of row indices per ``pm.Minibatch`` call.
+    sources : list of MinibatchSource
+    batch_size : int
+        ``n``; equal to ``N`` (and no indices) for a model without ``pm.Minibatch``.
+    """
+
+    def __init__(self, model: pm.Model, value_vars: Sequence[Variable]):
+        self.model = model
+        self.value_vars = list(value_vars)
+        _check_free_variables(model, self.value_vars)
+        self.sources = _find_sources(model)
+        self.indices = tuple(
+            pt.vector(f"minibatch_index_{k}", dtype="int64", shape=(s.batch_size,))
+            for k, s in enumerate(self.sources)
+        )
+        self.batch_size = self.sources[0].batch_size if self.sources else None
+        self._partition_terms()
+        self._build_graphs()
+
+    # ------------------------------------------------------------------ graph construction
+    def _partition_terms(self) -> None:
+        model = self.model
+        self._batch_obs = {k: [] for k in range(len(self.sources))}
+        fixed_obs = []
+        for obs in model.observed_RVs:
+            source = _check_observed(model, obs, self.sources)
+            if source is None:
+                fixed_obs.append(obs)
+            else:
+                self._batch_obs[self.sources.index(source)].append(obs)
+        for pot in model.potentials:
+            if _minibatch_nodes([pot]):
+                raise ModelError(
+                    f"potential '{pot.name}' reads pm.Minibatch data: a potential has no "
+                    "total_size, so its N/n scaling and its split into observations are unknown. "
+                    "Write that term as an observed variable (e.g. pm.CustomDist with "
+                    "total_size=N)."
+                )
+        for rv in [*model.free_RVs, *model.deterministics]:
+            if _minibatch_nodes([rv]):
+                raise ModelError(
+                    f"'{rv.name}' is computed from pm.Minibatch data, so it would change with every "
+                    "batch. Only observed variables may read minibatch data."
+                )
+        self._fixed_terms = [*model.free_RVs, *fixed_obs, *model.potentials]
+
+    def _slice_replacements(
+        self, indices: Sequence[Variable], graphs: Sequence[Variable]
+    ) -> dict[Variable, Variable]:
+        """Map every minibatch output in ``graphs`` to ``data[index]`` with our own index input.
+
+        Graph clones (e.g. by ``replace_rvs_by_values``) copy the MinibatchOp node but not its
+        data inputs, so nodes are matched to their source through the data they slice.
+        """
+        replace = {}
+        for node in _minibatch_nodes(graphs):
+            k = next(
+                k
+                for k, s in enumerate(self.sources)
+                if all(a is b for a, b in zip(node.inputs, s.node.inputs[:-1]))
+            )
+            for out, data in zip(node.outputs[:-1], self.sources[k].shared_data, strict=True):
+                replace[out] = data[indices[k]]
+        return replace
+
+    def _row_terms(self, indices: Sequence[Variable]) -> list[Variable]:
+        """Per-observation log-likelihood terms, one (n,) vector per observed variable.
+
+        The slicing is replaced in the *random-variable* graphs, before PyMC derives their
+        log-density: PyMC's logp rewrites fold the static batch size into the graph, so the
+        terms must be derived afresh for every batch size (n for the force, 1 for one row).
+        """
+        model = self.model
+        observed = [obs for group in self._batch_obs.values() for obs in group]
+        if not observed:
+            return []
+        # Free variables become their (back-transformed) value variables first, so that the
+        # clone below copies only the likelihood part of the graph.
+        free = {rv: model.rvs_to_values[rv] for rv in model.free_RVs}
+        in_values = replace_rvs_by_values(
+            observed, rvs_to_values=free, rvs_to_transforms=model.rvs_to_transforms
+        )
+        values = [model.rvs_to_values[obs] for obs in observed]
+        replace = self._slice_replacements(indices, [*in_values, *values])
+        sliced = clone_replace([*in_values, *values], replace, rebuild_strict=False)
+        new_rvs, new_values = sliced[: len(observed)], sliced[len(observed) :]
+        terms = transformed_conditional_logp(
+            rvs=new_rvs,
+            rvs_to_values=dict(zip(new_rvs, new_values, strict=True)),
+            rvs_to_transforms={},
+        )
+        rows = []
+        for obs, term in zip(observed, terms, strict=True):
+            if term.type.ndim == 0:
+                raise ModelError(
+                    f"observed variable '{obs.name}' has one joint log-density for the whole "
+                    "batch (a multivariate distribution over the observation axis?), so it "
+                    "cannot be split per observation. Make the observation axis the first, "
+                    "batch, axis of independent rows."
+                )
+            rows.append(term.sum(axis=tuple(range(1, term.type.ndim))))
+        return rows
+
+    def _build_graphs(self) -> None:
+        model = self.model
+        point = model.initial_point()
+        point = {v.name: point[v.name] for v in self.value_vars}
+        fixed = model.logp(vars=self._fixed_terms) if self._fixed_terms else pt.constant(0.0)
+        batch_rows = self._row_terms(self.indices)
+        batch = pt.sum([r.sum() for r in batch_rows]) if batch_rows else pt.constant(0.0)
+
+        # One-observation graph: the same terms with batches of size one. Its total_size
+        # scaling is N/1 instead of N/n, hence the 1/n below.
+        single = tuple(pt.vector(f"row_index_{k}", dtype="int64", shape=(1,)) for k in range(len(self.sources)))
+        row_terms = self._row_terms(single)
+        row_lp = pt.sum([r.sum() for r in row_terms]) if row_terms else None
+
+        outputs = [fixed, batch] + ([row_lp] if row_lp is not None else [])
+        joined, theta = join_nonshared_inputs(point, outputs, self.value_vars)
+        theta.name = "theta"
+        self.theta = theta
+        self.dim = int(sum(np.size(v) for v in point.values()))
+        fixed_lp, batch_lp = joined[0], joined[1]
+        self.fixed_logp = fixed_lp
+        self.logp = fixed_lp + batch_lp
+        self.fixed_force = pt.grad(fixed_lp, theta)
+        self.force = self.fixed_force + pt.grad(batch_lp, theta) if batch_rows else self.fixed_force
+        if row_lp is not None:
+            row_grad = pt.grad(joined[2], theta) / self.batch_size
+            self.per_observation_gradients = vectorize_graph(
+                row_grad, {s: idx[:, None] for s, idx in zip(single, self.indices, strict=True)}
+            )
+        else:
+            self.per_observation_gradients = None
+        self.point_shapes = {name: np.shape(value) for name, value in point.items()}
+        self.initial_theta = np.concatenate([np.ravel(point[v.name]) for v in self.value_vars])
+
+    # ------------------------------------------------------------------ helpers for integrators
+    @property
+    def has_minibatch(self) -> bool:
+        return bool(self.sources)
+
+    def _at(self, theta: Variable, indices: Sequence[Variable], outputs: Sequence[Variable]):
+        """The graphs ``outputs`` re-expressed at another position and other index inputs."""
+        replace = {self.theta: theta, **dict(zip(self.indices, indices, strict=True))}
+        return clone_replace(list(outputs), replace)
+
+    def force_and_logp(self, theta: Variable, indices: Sequence[Variable]):
+        """Noisy force F(theta) and the minibatch estimate of log p(theta | X)."""
+        return self._at(theta, indices, [self.force, self.logp])
+
+    def force_logp_and_noise(self, theta: Variable, indices: Sequence[Variable]):
+        """As :meth:`force_and_logp`, plus the :class:`NoiseCovariance` of that force.
+
+        The force is assembled from the per-observation gradients, so they are computed once.
+        """
+        if self.per_observation_gradients is None:
+            force, logp = self.force_and_logp(theta, indices)
+            return force, logp, NoiseCovariance(None, self.dim)
+        fixed_force, logp, grads = self._at(
+            theta, indices, [self.fixed_force, self.logp, self.per_observation_gradients]
+        )
+        return (
+            fixed_force + grads.sum(axis=0),
+            logp,
+            NoiseCovariance(grads, self.dim, self.batch_size),
+        )
+
+    def largest_curvature(
+        self, theta: np.ndarray, rng: np.random.Generator, iterations: int = 30
+    ) -> float:
+        """Largest eigenvalue of the Hessian of -log p at ``theta`` (one minibatch's estimate),
+        by power iteration on Hessian-vector products. Used for step-size hints only."""
+        v = pt.vector("v", shape=(self.dim,))
+        hvp = -pt.grad(pt.dot(self.force, v), self.theta)
+        fn = pytensor.function(
+            [self.theta, *self.indices, v], hvp, mode="FAST_COMPILE", on_unused_input="ignore"
+        )
+        idx = [i[0] for i in self.draw_indices(rng, 1)]
+        x = rng.standard_normal(self.dim)
+        estimate = np.nan
+        for _ in range(iterations):
+            x /= np.linalg.norm(x)
+            hx = fn(theta, *idx, x)
+            estimate = float(x @ hx)
+            if not np.all(np.isfinite(hx)):
+                return np.nan
+            x = hx
+        return abs(estimate)
+
+    def draw_indices(self, rng: np.random.Generator, steps: int) -> list[np.ndarray]:
+        """Row indices for ``steps`` consecutive minibatches, drawn with replacement.
+
+        With replacement, as ``pm.Minibatch`` draws them; ``ALGORITHMS.md`` gives the noise
+        covariance for that case.
+        """
+        return [
+            rng.integers(0, s.total_size, size=(steps, s.batch_size), dtype=np.int64)
+            for s in self.sources
+        ]
+
+    def check_factorisation(self, rng: np.random.Generator | None = None) -> None:
+        """Check numerically that the likelihood splits into independent per-row terms.
+
+        Sums of the per-observation gradient rows must reproduce the batch gradient on a random
+        batch; a term that couples rows (a batch mean, a joint density) fails this.
+        """
+        if self.per_observation_gradients is None:
+            return
+        rng = rng or np.random.default_rng(0)
+        batch_force = self.force - self.fixed_force
+        fn = pytensor.function(
+            [self.theta, *self.indices],
+            [batch_force, self.per_observation_gradients.sum(0)],
+            mode="FAST_COMPILE",
+            on_unused_input="ignore",
+        )
+        theta = self.initial_theta + 0.1 * rng.standard_normal(self.dim)
+        idx = [i[0] for i in self.draw_indices(rng, 1)]
+        summed, from_rows = fn(theta, *idx)
+        scale = np.max(np.abs(summed)) + 1e-12
+        if not np.allclose(from_rows, summed, rtol=1e-6, atol=1e-8 * scale):
+            names = [o.name for obs in self._batch_obs.values() for o in obs]
+            raise ModelError(
+                f"the minibatch log-likelihood of {names} does not split into independent "
+                "per-observation terms (the sum of per-row gradients differs from the batch "
+                "gradient by up to "
+                f"{np.max(np.abs(from_rows - summed)):.3g}). Each observation's log-density may "
+                "depend only on its own row of the minibatch, not on batch statistics."
+            )
+
+
+class NoiseCovariance:
+    """Covariance Sigma of the minibatch force, from the per-observation gradients of one batch.
+
+    With rows ``G_i = (N/n) g_i`` (the scaled per-observation gradients) and their centred
+    version ``Gc``, Sigma = (N^2/n) V with V = Gc^T Gc / (n - 1) in the unscaled rows
+    (``ALGORITHMS.md``, Notation; batches drawn with replacement as ``pm.Minibatch`` does)
+    becomes ``Sigma = n / (n - 1) * Gc^T Gc``. Products never form the D x D matrix.
+
+    ``gradients=None`` stands for a full-data force, whose noise covariance is zero.
+    """
+
+    def __init__(self, gradients: Variable | None, dim: int, n_rows: int = 0):
+        self.dim = dim
+        self.n_rows = n_rows
+        self.is_zero = gradients is None
+        if gradients is not None:
+            n = gradients.shape[0].astype(gradients.dtype)
+            self.centred = gradients - gradients.mean(axis=0)
+            self.scale = n / (n - 1.0)
+
+    def matvec(self, v: Variable) -> Variable:
+        """Sigma v in O(nD)."""
+        if self.is_zero:
+            return pt.zeros_like(v)
+        return self.scale * pt.dot(self.centred.T, pt.dot(self.centred, v))
+
+    def dense(self) -> Variable:
+        """Sigma as a D x D matrix (O(n D^2); for small D and for tests)."""
+        if self.is_zero:
+            return pt.zeros((self.dim, self.dim))
+        return self.scale * pt.dot(self.centred.T, self.centred)
+
+    def trace(self) -> Variable:
+        if self.is_zero:
+            return pt.constant(0.0)
+        return self.scale * pt.sum(self.centred**2)
+
+    def sqrt_shifted_matvec(self, a, b, v: Variable) -> tuple[Variable, Variable]:
+        """(a I - b Sigma)^{1/2} v, and the smallest eigenvalue of a I - b Sigma.
+
+        Exact, through an eigen-decomposition in the smaller of the two spaces: of Sigma itself
+        (D x D) when D <= n, else of the n x n Gram matrix Gc Gc^T = U S^2 U^T, from which
+        Sigma = c W S^2 W^T with W = Gc^T U S^{-1} and
+        (a I - b Sigma)^{1/2} = sqrt(a) I + W (sqrt(a - b c S^2) - sqrt(a)) W^T.
+        Negative eigenvalues of a I - b Sigma are clipped to zero (no noise along those
+        directions); the caller reports them through the returned minimum.
+        """
+        if self.is_zero:
+            return pt.sqrt(a) * v, pt.as_tensor(a).astype("float64")
+        if self.dim <= self.n_rows:
+            eigvals, eigvecs = pt.linalg.eigh(self.dense())
+            shifted = a - b * eigvals
+            root = eigvecs @ (pt.sqrt(pt.maximum(shifted, 0.0)) * (eigvecs.T @ v))
+            return root, pt.min(shifted)
+        s2, u = pt.linalg.eigh(self.centred @ self.centred.T)
+        s2 = pt.maximum(s2, 0.0)
+        nonzero = s2 > 1e-12 * pt.max(s2) + 1e-300
+        w = (self.centred.T @ u) * pt.switch(nonzero, 1.0 / pt.sqrt(pt.switch(nonzero, s2, 1.0)), 0.0)
+        shifted = a - b * self.scale * s2
+        coefficient = pt.sqrt(pt.maximum(shifted, 0.0)) - pt.sqrt(a)
+        root = pt.sqrt(a) * v + w @ (coefficient * (w.T @ v))
+        return root, pt.minimum(pt.min(shifted), a)

@@ -1,0 +1,72 @@
+"""Test models with known posteriors, shared by the test modules."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import pymc as pm
+
+
+@dataclass
+class GaussianRegression:
+    """y = X w + N(0, sigma^2), prior w ~ N(0, prior_sd^2 I): the posterior is Gaussian."""
+
+    X: np.ndarray
+    y: np.ndarray
+    sigma: float
+    prior_sd: float
+    batch_size: int | None
+
+    @classmethod
+    def make(cls, n_obs=1000, dim=2, batch_size=100, sigma=1.0, prior_sd=10.0, seed=0):
+        rng = np.random.default_rng(seed)
+        X = rng.standard_normal((n_obs, dim))
+        w = rng.standard_normal(dim)
+        y = X @ w + sigma * rng.standard_normal(n_obs)
+        return cls(X, y, sigma, prior_sd, batch_size)
+
+    @property
+    def precision(self) -> np.ndarray:
+        return self.X.T @ self.X / self.sigma**2 + np.eye(self.X.shape[1]) / self.prior_sd**2
+
+    @property
+    def mean(self) -> np.ndarray:
+        return np.linalg.solve(self.precision, self.X.T @ self.y / self.sigma**2)
+
+    @property
+    def cov(self) -> np.ndarray:
+        return np.linalg.inv(self.precision)
+
+    def model(self) -> pm.Model:
+        n_obs, dim = self.X.shape
+        with pm.Model() as model:
+            if self.batch_size is None:
+                X, y, total = self.X, self.y, None
+            else:
+                X, y = pm.Minibatch(self.X, self.y, batch_size=self.batch_size)
+                total = n_obs
+            w = pm.Normal("w", 0.0, self.prior_sd, shape=dim)
+            pm.Normal("y", X @ w, self.sigma, observed=y, total_size=total)
+        return model
+
+    def per_observation_gradients(self, theta: np.ndarray) -> np.ndarray:
+        """Unscaled g_i(theta) = grad log p(y_i | theta) for every observation (N x D)."""
+        residual = self.y - self.X @ theta
+        return self.X * residual[:, None] / self.sigma**2
+
+    def expected_noise_covariance(self, mean: np.ndarray, cov: np.ndarray) -> np.ndarray:
+        """E_theta Sigma(theta) for theta ~ N(mean, cov), batches drawn with replacement.
+
+        Sigma(theta) = (N^2/n) Cov_i g_i(theta) (population covariance over the N rows). The
+        residual is linear in theta, so the expectation is exact: the centre term plus
+        E_i[x x^T (x^T C x)] - Xbar C Xbar with Xbar = E_i x x^T (Isserlis).
+        """
+        n_obs = self.X.shape[0]
+        G = self.per_observation_gradients(mean)
+        centre = np.cov(G.T, bias=True)
+        X = self.X / self.sigma**2
+        second = np.einsum("ni,nj,n->ij", X, X, np.einsum("ni,ij,nj->n", self.X, cov, self.X))
+        xbar = X.T @ self.X / n_obs
+        spread = second / n_obs - xbar @ cov @ xbar.T
+        return n_obs**2 / self.batch_size * (centre + spread)

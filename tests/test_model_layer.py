@@ -1,0 +1,284 @@
+"""The model layer: forces, per-observation gradients and noise covariances of PyMC models."""
+
+import numpy as np
+import pymc as pm
+import pytensor
+import pytensor.tensor as pt
+import pytest
+from models import GaussianRegression
+
+from pymc_sgmcmc.model_layer import ModelError, SGModel
+
+
+def compile_layer(sg: SGModel):
+    force, logp, noise = sg.force_logp_and_noise(sg.theta, sg.indices)
+    outputs = [force, logp, sg.per_observation_gradients, noise.dense(), noise.trace()]
+    return pytensor.function([sg.theta, *sg.indices], outputs, mode="FAST_COMPILE")
+
+
+def test_force_scales_minibatch_by_n_over_N_exactly_once():
+    problem = GaussianRegression.make(n_obs=400, dim=3, batch_size=40)
+    with problem.model() as model:
+        sg = SGModel(model, model.value_vars)
+    fn = compile_layer(sg)
+    rng = np.random.default_rng(1)
+    theta = rng.standard_normal(3)
+    idx = rng.integers(0, 400, size=40)
+    force, logp, grads, cov, trace = fn(theta, idx)
+    g = problem.per_observation_gradients(theta)[idx]
+    expected = -theta / problem.prior_sd**2 + (400 / 40) * g.sum(0)
+    np.testing.assert_allclose(force, expected, rtol=1e-10)
+    np.testing.assert_allclose(grads, (400 / 40) * g, rtol=1e-10)
+    # Sigma = (N^2/n) V with V the sample covariance of the unscaled g_i.
+    np.testing.assert_allclose(cov, 400**2 / 40 * np.cov(g.T), rtol=1e-10)
+    np.testing.assert_allclose(trace, np.trace(cov), rtol=1e-10)
+    # The log-density estimate: log prior + (N/n) * batch log-likelihood.
+    resid = problem.y[idx] - problem.X[idx] @ theta
+    loglik = -0.5 * resid**2 - 0.5 * np.log(2 * np.pi)
+    logprior = -0.5 * theta**2 / 100 - 0.5 * np.log(2 * np.pi * 100)
+    np.testing.assert_allclose(logp, logprior.sum() + 10 * loglik.sum(), rtol=1e-10)
+
+
+def transformed_model(n_obs=60, batch=12, seed=3):
+    """Several transformed free variables, two pm.Minibatch calls (different data sets, same
+    batch size) and two observed variables sharing one of them."""
+    rng = np.random.default_rng(seed)
+    X = rng.standard_normal((n_obs, 2))
+    y = X @ [1.0, -1.0] + rng.standard_normal(n_obs)
+    u = rng.standard_normal(n_obs)
+    z = rng.standard_normal(2 * n_obs)
+    with pm.Model() as model:
+        X_mb, y_mb, u_mb = pm.Minibatch(X, y, u, batch_size=batch)
+        z_mb = pm.Minibatch(z, batch_size=batch)
+        sigma = pm.HalfNormal("sigma", 1.0)  # log
+        p = pm.Beta("p", 2.0, 2.0)  # logodds
+        cut = pm.Normal("cut", [-1.0, 1.0], 1.0, transform=pm.distributions.transforms.ordered)
+        weights = pm.Dirichlet("weights", np.ones(3))  # simplex
+        beta = pm.Normal("beta", 0.0, 1.0, shape=2)
+        pm.Normal("y", X_mb @ beta, sigma, observed=y_mb, total_size=n_obs)
+        pm.Normal("u", weights[0] - p + X_mb[:, 0], 1.0, observed=u_mb, total_size=n_obs)
+        pm.Normal("z", cut[0] + cut[1] * weights[1], p, observed=z_mb, total_size=2 * n_obs)
+    return model
+
+
+def scaled_row_logps(sg: SGModel):
+    """Reference for the rows of G, independent of the vectorised graph: row i's scaled term
+    (N/n) log p(x_i) is the batch log-density of a batch repeating row i n times, minus the
+    full-data part, divided by n."""
+    fn = pytensor.function(
+        [sg.theta, *sg.indices], sg.logp - sg.fixed_logp, mode="FAST_COMPILE"
+    )
+
+    def rows(theta, idx):
+        n = sg.batch_size
+        return np.array(
+            [fn(theta, *[np.full(n, k[i]) for k in idx]) / n for i in range(n)]
+        )
+
+    return rows
+
+
+def finite_difference_jacobian(f, theta, eps=1e-6):
+    cols = []
+    for j in range(theta.size):
+        e = np.zeros_like(theta)
+        e[j] = eps
+        cols.append((f(theta + e) - f(theta - e)) / (2 * eps))
+    return np.stack(cols, axis=-1)
+
+
+def test_per_observation_gradients_match_finite_differences_with_transforms():
+    model = transformed_model()
+    sg = SGModel(model, model.value_vars)
+    assert sg.dim == 1 + 1 + 2 + 2 + 2  # sigma, p, cut, weights (simplex: K-1), beta
+    assert sorted(s.total_size for s in sg.sources) == [60, 120]
+    sg.check_factorisation()
+    fn = pytensor.function(
+        [sg.theta, *sg.indices],
+        [sg.per_observation_gradients, sg.force, sg.fixed_force],
+        mode="FAST_COMPILE",
+    )
+    rng = np.random.default_rng(0)
+    theta = sg.initial_theta + 0.3 * rng.standard_normal(sg.dim)
+    idx = [rng.integers(0, s.total_size, 12) for s in sg.sources]
+    grads, force, fixed = fn(theta, *idx)
+    rows = scaled_row_logps(sg)
+    reference = finite_difference_jacobian(lambda th: rows(th, idx), theta)
+    np.testing.assert_allclose(grads, reference, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(force, fixed + grads.sum(0), rtol=1e-10)
+    # The full-data part is the prior with its Jacobian terms: compare with PyMC's own.
+    prior = model.compile_logp(vars=model.free_RVs)
+    template = {v.name: model.initial_point()[v.name] for v in model.value_vars}
+    reference_fixed = finite_difference_jacobian(
+        lambda th: np.atleast_1d(prior(split_like(template, th))), theta
+    )[0]
+    np.testing.assert_allclose(fixed, reference_fixed, rtol=1e-5, atol=1e-6)
+
+
+def split_like(point, theta):
+    out, start = {}, 0
+    for name, value in point.items():
+        size = np.size(value)
+        out[name] = theta[start : start + size].reshape(np.shape(value))
+        start += size
+    return out
+
+
+def test_full_batch_model_has_exact_force_and_no_noise():
+    problem = GaussianRegression.make(n_obs=50, dim=2, batch_size=None)
+    with problem.model() as model:
+        sg = SGModel(model, model.value_vars)
+    assert not sg.has_minibatch and sg.per_observation_gradients is None
+    force, logp, noise = sg.force_logp_and_noise(sg.theta, [])
+    fn = pytensor.function([sg.theta], [force, noise.trace()], mode="FAST_COMPILE")
+    theta = np.array([0.3, -0.2])
+    f, trace = fn(theta)
+    expected = -theta / 100 + problem.per_observation_gradients(theta).sum(0)
+    np.testing.assert_allclose(f, expected, rtol=1e-10)
+    assert trace == 0
+
+
+def test_pm_data_minibatch_reads_the_shared_data():
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal(30)
+    with pm.Model() as model:
+        data = pm.Data("x", x)
+        x_mb = pm.Minibatch(data, batch_size=5)
+        mu = pm.Normal("mu", 0, 1)
+        pm.Normal("obs", mu, 1, observed=x_mb, total_size=30)
+    sg = SGModel(model, model.value_vars)
+    fn = pytensor.function([sg.theta, *sg.indices], sg.force, mode="FAST_COMPILE")
+    idx = np.arange(5)
+    np.testing.assert_allclose(fn(np.array([0.1]), idx), -0.1 + 6 * (x[:5] - 0.1).sum())
+    data.set_value(x + 1)
+    np.testing.assert_allclose(fn(np.array([0.1]), idx), -0.1 + 6 * (x[:5] + 0.9).sum())
+
+
+def test_sqrt_of_shifted_covariance_is_exact_in_both_spaces():
+    rng = np.random.default_rng(2)
+    for n_rows, dim in [(20, 5), (5, 20)]:
+        G = pt.matrix("G")
+        v = pt.vector("v")
+        from pymc_sgmcmc.model_layer import NoiseCovariance
+
+        cov = NoiseCovariance(G, dim, n_rows)
+        root, min_eig = cov.sqrt_shifted_matvec(3.0, 0.01, v)
+        fn = pytensor.function([G, v], [root, min_eig, cov.dense(), cov.matvec(v)])
+        g = rng.standard_normal((n_rows, dim)) * 4
+        vec = rng.standard_normal(dim)
+        r, m, dense, mv = fn(g, vec)
+        sigma = n_rows / (n_rows - 1) * (g - g.mean(0)).T @ (g - g.mean(0))
+        np.testing.assert_allclose(dense, sigma, rtol=1e-10)
+        np.testing.assert_allclose(mv, sigma @ vec, rtol=1e-10)
+        w, u = np.linalg.eigh(3.0 * np.eye(dim) - 0.01 * sigma)
+        expected = u @ (np.sqrt(np.maximum(w, 0)) * (u.T @ vec))
+        # The Gram route squares the condition number: agreement to ~1e-7 relative.
+        np.testing.assert_allclose(r, expected, rtol=1e-6, atol=1e-9)
+        np.testing.assert_allclose(m, w.min(), rtol=1e-8)
+        assert m < 0  # this noise is large enough to need clipping
+
+
+# --------------------------------------------------------------------------- bad models
+def _regression(n=100):
+    rng = np.random.default_rng(0)
+    X, y = rng.standard_normal((n, 2)), rng.standard_normal(n)
+    return X, y
+
+
+def test_discrete_free_variable_is_rejected():
+    with pm.Model() as model:
+        k = pm.Poisson("k", 3.0)
+        pm.Normal("obs", k, 1, observed=[1.0, 2.0])
+    with pytest.raises(ModelError, match="free variable 'k' is discrete"):
+        SGModel(model, model.value_vars)
+
+
+def test_batch_larger_than_data_is_rejected():
+    with pm.Model() as model:
+        y = pm.Minibatch(np.zeros(10), batch_size=20)
+        mu = pm.Normal("mu")
+        pm.Normal("obs", mu, 1, observed=y, total_size=10)
+    with pytest.raises(ModelError, match="batch_size=20 but the data have only N=10 rows"):
+        SGModel(model, model.value_vars)
+
+
+def test_minibatch_calls_of_different_sizes_are_rejected():
+    with pm.Model() as model:
+        y1 = pm.Minibatch(np.zeros(100), batch_size=10)
+        y2 = pm.Minibatch(np.zeros(50), batch_size=5)
+        mu = pm.Normal("mu")
+        pm.Normal("a", mu, 1, observed=y1, total_size=100)
+        pm.Normal("b", mu, 1, observed=y2, total_size=50)
+    with pytest.raises(ModelError, match="must use the same batch_size"):
+        SGModel(model, model.value_vars)
+
+
+def test_separately_sliced_inputs_and_outputs_are_rejected():
+    X, y = _regression()
+    with pm.Model() as model:
+        X_mb = pm.Minibatch(X, batch_size=10)
+        y_mb = pm.Minibatch(y, batch_size=10)
+        w = pm.Normal("w", shape=2)
+        pm.Normal("y", X_mb @ w, 1, observed=y_mb, total_size=100)
+    with pytest.raises(ModelError, match=r"'y' reads data from 2 separate pm.Minibatch"):
+        SGModel(model, model.value_vars)
+
+
+def test_missing_or_wrong_total_size_is_rejected():
+    X, y = _regression()
+    for total, message in [(None, "has no total_size"), (50, "total_size=50")]:
+        with pm.Model() as model:
+            X_mb, y_mb = pm.Minibatch(X, y, batch_size=10)
+            w = pm.Normal("w", shape=2)
+            with pytest.warns(UserWarning) if total is None else _nullcontext():
+                pm.Normal("y", X_mb @ w, 1, observed=y_mb, total_size=total)
+        with pytest.raises(ModelError, match=message):
+            SGModel(model, model.value_vars)
+
+
+class _nullcontext:
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *args):
+        return False
+
+
+def test_likelihood_coupling_rows_is_rejected():
+    X, y = _regression()
+    with pm.Model() as model:
+        X_mb, y_mb = pm.Minibatch(X, y, batch_size=10)
+        w = pm.Normal("w", shape=2)
+        mu = X_mb @ w
+        pm.Normal("y", mu - mu.mean(), 1, observed=y_mb, total_size=100)
+    sg = SGModel(model, model.value_vars)
+    with pytest.raises(ModelError, match="does not split into independent per-observation"):
+        sg.check_factorisation()
+
+
+def test_joint_density_over_the_batch_is_rejected():
+    X, y = _regression()
+    with pm.Model() as model:
+        X_mb, y_mb = pm.Minibatch(X, y, batch_size=10)
+        w = pm.Normal("w", shape=2)
+        pm.MvNormal("y", X_mb @ w, np.eye(10), observed=y_mb, total_size=100)
+    with pytest.raises(ModelError, match="'y' has one joint log-density for the whole batch"):
+        SGModel(model, model.value_vars)
+
+
+def test_potential_on_minibatch_data_is_rejected():
+    X, y = _regression()
+    with pm.Model() as model:
+        X_mb, y_mb = pm.Minibatch(X, y, batch_size=10)
+        w = pm.Normal("w", shape=2)
+        pm.Potential("lik", -((y_mb - X_mb @ w) ** 2).sum())
+    with pytest.raises(ModelError, match="potential 'lik' reads pm.Minibatch data"):
+        SGModel(model, model.value_vars)
+
+
+def test_subset_of_variables_is_rejected():
+    with pm.Model() as model:
+        a = pm.Normal("a")
+        pm.Normal("b", a)
+    with pytest.raises(ModelError, match=r"\['b'\] were left out"):
+        SGModel(model, [model.rvs_to_values[a]])
