@@ -1,0 +1,60 @@
+"""Monte Carlo checks of draws against a Gaussian reference, with tolerances from the ESS."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import arviz as az
+import numpy as np
+
+#: Per-coordinate tolerance in Monte Carlo standard errors. With <= 8 coordinates and two
+#: statistics each, the chance that a correct sampler fails a check is below 1e-3.
+Z_TOLERANCE = 4.0
+
+
+@dataclass
+class GaussianCheck:
+    """Whitened moments z = L^{-1}(theta - mean) of the draws, with Cov = L L^T the reference."""
+
+    mean_z: np.ndarray  # per coordinate, ~0
+    var_z: np.ndarray  # per coordinate, ~1
+    ess_mean: np.ndarray
+    ess_var: np.ndarray
+
+    @property
+    def mean_errors(self) -> np.ndarray:
+        """|mean_z| in Monte Carlo standard errors (sd of z is 1)."""
+        return np.abs(self.mean_z) * np.sqrt(self.ess_mean)
+
+    @property
+    def var_errors(self) -> np.ndarray:
+        """|var_z - 1| in Monte Carlo standard errors (Var(z^2) = 2 for a Gaussian)."""
+        return np.abs(self.var_z - 1) / np.sqrt(2 / self.ess_var)
+
+    def passes(self, tolerance: float = Z_TOLERANCE) -> bool:
+        return bool(self.mean_errors.max() < tolerance and self.var_errors.max() < tolerance)
+
+    def describe(self) -> str:
+        return (
+            f"mean_z={np.round(self.mean_z, 4)} ({np.round(self.mean_errors, 2)} se), "
+            f"var_z={np.round(self.var_z, 4)} ({np.round(self.var_errors, 2)} se), "
+            f"ESS mean={np.round(self.ess_mean)}, ESS var={np.round(self.ess_var)}"
+        )
+
+
+def gaussian_check(draws: np.ndarray, mean: np.ndarray, cov: np.ndarray) -> GaussianCheck:
+    """``draws``: (chain, draw, D) array."""
+    chol = np.linalg.cholesky(cov)
+    z = np.linalg.solve(chol, (draws - mean)[..., None])[..., 0]
+    squares = z**2
+    return GaussianCheck(
+        mean_z=z.mean(axis=(0, 1)),
+        var_z=squares.mean(axis=(0, 1)),
+        ess_mean=np.array([az.ess(z[..., j]) for j in range(z.shape[-1])]),
+        ess_var=np.array([az.ess(squares[..., j], method="mean") for j in range(z.shape[-1])]),
+    )
+
+
+def posterior_draws(idata, name: str) -> np.ndarray:
+    values = idata.posterior[name].values
+    return values.reshape(*values.shape[:2], -1)
