@@ -9,7 +9,8 @@ step-method contract (``PLATFORM_NOTES.md``):
   the chain's own generator: runs are reproducible whatever ``cores`` is, and every chain has
   its own minibatch stream;
 * ``astep`` hands out the stored draws of a block one by one (every ``thin``-th step);
-* a non-finite state flags ``diverging``; the chain restarts from its last finite draw (with
+* a non-finite state, or a position beyond ``divergence_threshold``, flags ``diverging``;
+  the chain restarts from its last sane draw (with
   fresh auxiliary variables) instead of producing garbage, and a warning says which step size to
   try;
 * ``setup_chain`` reseeds and resets all per-chain state, kept in ``_state_class``.
@@ -84,6 +85,11 @@ class SGMCMC(ArrayStepShared):
     compile_kwargs : dict, optional
         Extra keyword arguments for :func:`pytensor.function` (``pm.sample`` does not pass its
         own ``compile_kwargs`` to a user-built step).
+    divergence_threshold : float, default 1e10
+        A step whose position has a coordinate beyond this magnitude (in the unconstrained
+        space), or any non-finite state, is divergent. An unstable step size makes the chain
+        grow geometrically; this catches it long before floating-point overflow. Raise it for
+        models whose parameters are legitimately that large.
     rng : RandomGenerator, optional
         Replaced per chain by ``pm.sample``'s ``random_seed``.
     """
@@ -110,6 +116,7 @@ class SGMCMC(ArrayStepShared):
         model=None,
         mode=None,
         compile_kwargs: dict | None = None,
+        divergence_threshold: float = 1e10,
         rng=None,
         blocked: bool = True,
     ):
@@ -120,6 +127,7 @@ class SGMCMC(ArrayStepShared):
         if int(block_steps) != block_steps or block_steps < 1:
             raise ValueError(f"block_steps must be a positive integer, got {block_steps}")
         self.thin = int(thin)
+        self.divergence_threshold = positive("divergence_threshold", divergence_threshold)
         self.sg_model = SGModel(model, vars)
         self.sg_model.check_factorisation()
         self.dim = self.sg_model.dim
@@ -201,9 +209,11 @@ class SGMCMC(ArrayStepShared):
             state = dict(zip(names, args[n_idx + 2 :], strict=True))
             new_state, stats = self.integrate(state, idx_t, noise_t, h_t)
             stat_names[:] = list(stats)
-            finite = pt.all([pt.all(pt.isfinite(new_state[n])) for n in names])
+            sane = pt.all([pt.all(pt.isfinite(new_state[n])) for n in names]) & (
+                pt.max(pt.abs(new_state["theta"])) < self.divergence_threshold
+            )
             stat_values = [pt.as_tensor(s).astype("float64") for s in stats.values()]
-            return [new_state[n] for n in names] + [finite] + stat_values
+            return [new_state[n] for n in names] + [sane] + stat_values
 
         n_stats = len(self._integrator_stat_names())
         outputs = pytensor.scan(
@@ -311,7 +321,7 @@ class SGMCMC(ArrayStepShared):
         indices = self.sg_model.draw_indices(self.rng, n_steps)
         noise = self.rng.standard_normal((n_steps, self.noise_vectors, self.dim))
         out = block_fn(*(self.chain_state[n] for n in names), *indices, noise, h)
-        final, (thetas, logps, finite, *stats) = out[: len(names)], out[len(names) :]
+        final, (thetas, logps, sane, *stats) = out[: len(names)], out[len(names) :]
         stored = slice(self.thin - 1, None, self.thin)
         buffer = {
             "theta": thetas[stored],
@@ -322,17 +332,17 @@ class SGMCMC(ArrayStepShared):
         }
         for name in self._integrator_stat_names():
             buffer[name] = buffer[name].astype(self.stats_dtypes_shapes[name][0])
-        if finite.all():
+        if sane.all():
             self.chain_state = dict(zip(names, final, strict=True))
             self.step_count += n_steps
         else:
-            buffer = self._truncate_at_divergence(buffer, theta, int(np.argmin(finite)))
+            buffer = self._truncate_at_divergence(buffer, theta, int(np.argmin(sane)))
         self.buffer = buffer
         self.cursor = 0
 
     def _truncate_at_divergence(self, buffer: dict, start: np.ndarray, bad_step: int) -> dict:
-        """Keep the draws before the first non-finite step; the next draw repeats the last
-        finite position with ``diverging=True``, and the chain restarts from there."""
+        """Keep the draws before the first divergent step; the next draw repeats the last
+        sane position with ``diverging=True``, and the chain restarts from there."""
         j = bad_step // self.thin
         last = buffer["theta"][j - 1] if j > 0 else np.array(start)
         h_bad = float(buffer["step_size"][j])
@@ -347,9 +357,10 @@ class SGMCMC(ArrayStepShared):
         if not self.warned:
             self.warned = True
             warnings.warn(
-                f"{type(self).__name__} diverged (non-finite position, momentum or force) at "
+                f"{type(self).__name__} diverged (non-finite position, momentum or force, or "
+                f"|position| > {self.divergence_threshold:g}) at "
                 f"step {self.step_count} with step_size={h_bad:.3g}. The chain restarts from its "
-                "last finite draw and the draw is flagged `diverging`. From the curvature of the "
+                "last sane draw and the draw is flagged `diverging`. From the curvature of the "
                 "log-density at the chain's starting point, try "
                 f"step_size={self.step_size_hint(self.chain_start, h_bad):.3g} or smaller.",
                 RuntimeWarning,

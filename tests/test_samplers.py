@@ -1,0 +1,243 @@
+"""Samplers inside pm.sample: accuracy, the PyMC contract, reproducibility and bad input."""
+
+from __future__ import annotations
+
+import re
+import warnings
+
+import arviz as az
+import numpy as np
+import pymc as pm
+import pytest
+from checks import Z_TOLERANCE, gaussian_check, posterior_draws
+from models import GaussianRegression
+
+from pymc_sgmcmc import MSGLD, SGHMC, SGLD, SGNHT, PolynomialDecay
+
+SAMPLE_KWARGS = dict(progressbar=False, compute_convergence_checks=False)
+
+
+def transformed_regression(n_obs=2000, batch=100, seed=0):
+    """Regression with an unknown noise scale (log transform) and a Minibatch."""
+    rng = np.random.default_rng(seed)
+    X = rng.standard_normal((n_obs, 3))
+    y = X @ [1.0, -2.0, 0.5] + 0.7 * rng.standard_normal(n_obs)
+    with pm.Model() as model:
+        X_mb, y_mb = pm.Minibatch(X, y, batch_size=batch)
+        w = pm.Normal("w", 0, 10, shape=3)
+        sigma = pm.HalfNormal("sigma", 2)
+        pm.Normal("y", X_mb @ w, sigma, observed=y_mb, total_size=n_obs)
+    return model
+
+
+SAMPLERS = {
+    "SGLD": lambda: SGLD(step_size=1e-5),
+    "MSGLD": lambda: MSGLD(step_size=1e-5),
+    "SGHMC": lambda: SGHMC(step_size=1e-3, friction=10.0),
+    "SGNHT": lambda: SGNHT(step_size=3e-3, friction=10.0),
+}
+
+
+def documented_stats(cls) -> set[str]:
+    section = cls.__doc__.split("Sampler stats")[1]
+    return set(re.findall(r"^\s{4}(\w+) : ", section, flags=re.M))
+
+
+@pytest.mark.parametrize("name", list(SAMPLERS))
+def test_sample_returns_datatree_with_documented_stats(name):
+    with transformed_regression():
+        step = SAMPLERS[name]()
+        idata = pm.sample(draws=300, tune=100, step=step, chains=2, random_seed=1, **SAMPLE_KWARGS)
+    assert set(idata.posterior.data_vars) == {"w", "sigma"}
+    stats = set(idata.sample_stats.data_vars)
+    assert stats == set(type(step).stats_dtypes_shapes)
+    assert stats == documented_stats(type(step)), "every stat is documented in the docstring"
+    assert all(idata.sample_stats[s].ndim == 2 for s in stats), "scalar stats only"
+    assert idata.sample_stats["diverging"].dtype == bool
+    summary = az.summary(idata)
+    assert np.isfinite(summary["mean"]).all()
+    assert np.all(idata.posterior["sigma"] > 0)
+    assert type(step) not in pm.STEP_METHODS
+
+
+def test_sgnht_thermostat_reaches_unit_kinetic_temperature():
+    # CCAdL's Proposition 2 in practice for the thermostat without covariance control: the
+    # long-run kinetic temperature is 1 (standard error from the ESS of the stat), and the
+    # thermostat settles above A, absorbing the minibatch-gradient noise (h tr Sigma / 2D ~ 3).
+    problem = GaussianRegression.make(n_obs=1000, dim=2, batch_size=500)
+    with problem.model():
+        step = SGNHT(step_size=3e-3, friction=1.0, thin=5)
+        idata = pm.sample(draws=10_000, tune=2000, step=step, chains=2, random_seed=2, **SAMPLE_KWARGS)
+    kt = idata.sample_stats["kinetic_temperature"].values
+    se = kt.std() / np.sqrt(az.ess(kt, method="mean"))
+    assert abs(kt.mean() - 1) < Z_TOLERANCE * se, (kt.mean(), se)
+    assert idata.sample_stats["thermostat"].mean() > 2.0
+
+
+@pytest.mark.parametrize("splitting", ["BADODAB", "euler"])
+def test_sgnht_matches_exact_gaussian_posterior(splitting):
+    # N = 1000, n = 500, h omega ~ 0.1: discretisation bias <= (h omega)^2 / 4 ~ 0.3 % of the
+    # variance, below the Monte Carlo error (ESS ~ 4,000 per coordinate: se ~ 2 %).
+    problem = GaussianRegression.make(n_obs=1000, dim=2, batch_size=500)
+    with problem.model():
+        step = SGNHT(step_size=3e-3, friction=10.0, splitting=splitting, thin=5)
+        idata = pm.sample(draws=10_000, tune=1000, step=step, chains=2, random_seed=3, **SAMPLE_KWARGS)
+    check = gaussian_check(posterior_draws(idata, "w"), problem.mean, problem.cov)
+    assert check.passes(), check.describe()
+    assert check.ess_var.min() > 2000, check.describe()
+
+
+def moment_errors(x: np.ndarray, mean: float, var: float) -> tuple[float, float]:
+    """Errors of the sample mean and variance of (chain, draw) draws, in standard errors."""
+    se_mean = np.sqrt(var / az.ess(x))
+    sq = (x - mean) ** 2
+    se_var = sq.std() / np.sqrt(az.ess(sq, method="mean"))
+    return abs(x.mean() - mean) / se_mean, abs(sq.mean() - var) / se_var
+
+
+def normal_gamma(n_obs=100, batch_size=None, seed=0):
+    """CCAdL section 4.1: x_i ~ N(mu, 1/gamma), mu | gamma ~ N(0, 1/gamma), gamma ~ Gam(1, 1)."""
+    x = np.random.default_rng(seed).standard_normal(n_obs)
+    with pm.Model() as model:
+        gamma = pm.Gamma("gamma", 1.0, 1.0)  # sampled as log(gamma)
+        mu = pm.Normal("mu", 0.0, 1.0 / pm.math.sqrt(gamma))
+        data = x if batch_size is None else pm.Minibatch(x, batch_size=batch_size)
+        pm.Normal("x", mu, 1.0 / pm.math.sqrt(gamma), observed=data,
+                  total_size=None if batch_size is None else n_obs)
+    kappa, xbar = 1 + n_obs, x.mean()
+    alpha = 1 + n_obs / 2
+    beta = 1 + 0.5 * ((x - xbar) ** 2).sum() + n_obs * xbar**2 / (2 * kappa)
+    exact = {
+        "gamma": (alpha / beta, alpha / beta**2),
+        "mu": (n_obs * xbar / kappa, beta / (kappa * (alpha - 1))),
+    }
+    return model, exact
+
+
+def test_normal_gamma_full_batch_through_the_log_transform():
+    # Without Minibatch the force is exact (Sigma = 0): only the O(h^2) splitting bias remains
+    # (h omega ~ 0.1, below 1 % of the variance; ESS ~ 5,000: se of a variance ~ 2-3 %).
+    model, exact = normal_gamma()
+    with model:
+        step = SGNHT(step_size=0.01, friction=10.0, thin=5)
+        idata = pm.sample(draws=10_000, tune=1000, step=step, chains=2, random_seed=4, **SAMPLE_KWARGS)
+    for name, (mean, var) in exact.items():
+        err_mean, err_var = moment_errors(idata.posterior[name].values, mean, var)
+        assert err_mean < Z_TOLERANCE and err_var < Z_TOLERANCE, (name, err_mean, err_var)
+
+
+# --------------------------------------------------------------------------- reproducibility
+def small_problem():
+    return GaussianRegression.make(n_obs=500, dim=2, batch_size=50)
+
+
+def test_same_seed_same_draws_whatever_cores():
+    problem = small_problem()
+    with problem.model():
+        step = SGNHT(step_size=1e-3, friction=5.0)
+        kwargs = dict(draws=200, tune=50, step=step, chains=2, random_seed=7, **SAMPLE_KWARGS)
+        one = pm.sample(cores=1, **kwargs)
+        two = pm.sample(cores=2, **kwargs)
+        again = pm.sample(cores=1, **kwargs)  # the same step object, reused: no state leaks
+    for other in (two, again):
+        np.testing.assert_array_equal(one.posterior["w"].values, other.posterior["w"].values)
+        np.testing.assert_array_equal(
+            one.sample_stats["thermostat"].values, other.sample_stats["thermostat"].values
+        )
+    # The chains start at the same point but move differently.
+    w = one.posterior["w"].values
+    assert not np.allclose(w[0], w[1])
+
+
+class RecordingSGLD(SGLD):
+    """Records the minibatch indices each chain draws."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.seen = []
+        draw = self.sg_model.draw_indices
+
+        def recording(rng, steps):
+            out = draw(rng, steps)
+            self.seen[-1].append(out[0])
+            return out
+
+        self.sg_model.draw_indices = recording
+
+    def setup_chain(self, rng, tune, draws):
+        super().setup_chain(rng, tune, draws)
+        self.seen.append([])
+
+
+def test_chains_draw_independent_minibatch_streams():
+    problem = small_problem()
+    with problem.model():
+        step = RecordingSGLD(step_size=1e-4)
+        pm.sample(draws=20, tune=0, step=step, chains=2, cores=1, random_seed=5, **SAMPLE_KWARGS)
+    first, second = (np.concatenate(c) for c in step.seen)
+    assert first.shape == second.shape
+    assert (first != second).mean() > 0.9  # with replacement from N = 500: ~0.998 differ
+
+
+# --------------------------------------------------------------------------- schedules, thin
+def test_polynomial_decay_schedule_is_recorded_per_draw():
+    schedule = PolynomialDecay(a=1e-3, b=10.0, gamma=0.55)
+    with small_problem().model():
+        idata = pm.sample(draws=50, tune=10, step=SGLD(step_size=schedule, thin=3), chains=1,
+                          random_seed=1, **SAMPLE_KWARGS)
+    # The stored draw k (tuning included) is the state after step 3(k + 1) - 1.
+    t = 3 * (10 + np.arange(50) + 1) - 1
+    np.testing.assert_allclose(idata.sample_stats["step_size"].values[0], schedule(t))
+
+
+def test_full_batch_model_samples_exact_gaussian():
+    problem = GaussianRegression.make(n_obs=200, dim=2, batch_size=None)
+    with problem.model():
+        idata = pm.sample(draws=4000, tune=500, step=SGNHT(step_size=0.01, friction=5.0, thin=4),
+                          chains=2, random_seed=3, **SAMPLE_KWARGS)
+    check = gaussian_check(posterior_draws(idata, "w"), problem.mean, problem.cov)
+    assert check.passes(), check.describe()
+
+
+# --------------------------------------------------------------------------- divergences
+def test_divergence_is_flagged_and_never_returned_as_nan():
+    problem = small_problem()
+    with problem.model():
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            idata = pm.sample(draws=100, tune=0, step=SGLD(step_size=0.1), chains=2, cores=1,
+                              random_seed=1, **SAMPLE_KWARGS)
+    messages = [str(w.message) for w in caught if "diverged" in str(w.message)]
+    assert len(messages) == 2, "one warning per chain"
+    suggested = float(re.search(r"try step_size=([\d.e+-]+)", messages[0]).group(1))
+    # Largest curvature ~ N = 500: SGLD is stable below 4/500; the hint is half that.
+    assert 1e-3 < suggested < 8e-3
+    diverging = idata.sample_stats["diverging"].values
+    # Growth by ~25x per step crosses the 1e10 threshold within 10 steps; the chain keeps
+    # restarting and diverging.
+    assert diverging[:, :10].any(axis=1).all() and diverging.mean() > 0.5
+    w = idata.posterior["w"].values
+    assert np.isfinite(w).all() and np.abs(w).max() < 1e10
+    assert (idata.sample_stats["divergences"].values[:, -1] == diverging.sum(axis=1)).all()
+
+
+# --------------------------------------------------------------------------- bad input
+@pytest.mark.parametrize(
+    "factory, message",
+    [
+        (lambda: SGLD(step_size=0.0), "step_size must be positive"),
+        (lambda: SGLD(step_size=-1e-3), "step_size must be positive"),
+        (lambda: SGLD(step_size=float("nan")), "step_size must be positive"),
+        (lambda: SGHMC(step_size=1e-3, friction=0), "friction must be positive"),
+        (lambda: SGHMC(step_size=1e-3, gradient_noise="yes"), "gradient_noise must be"),
+        (lambda: SGNHT(step_size=1e-3, splitting="leapfrog"), "splitting must be"),
+        (lambda: SGNHT(step_size=1e-3, thermostat_mass=-1), "thermostat_mass must be positive"),
+        (lambda: SGLD(step_size=1e-3, thin=0), "thin must be a positive integer"),
+        (lambda: SGLD(step_size=PolynomialDecay(a=1e-3, gamma=0.5)), r"gamma must lie in \(0.5, 1\]"),
+        (lambda: MSGLD(step_size="big"), "step_size must be a positive number"),
+    ],
+)
+def test_bad_parameters_are_rejected(factory, message):
+    with small_problem().model():
+        with pytest.raises((ValueError, TypeError), match=message):
+            factory()
