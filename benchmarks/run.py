@@ -1,0 +1,159 @@
+"""First benchmark: SGLD and SGNHT inside pm.sample against a hand-written NumPy SGLD.
+
+Problem P1 (``ALGORITHMS.md``): Bayesian linear regression, N = 10,000, D = 100, n = 500,
+prior N(0, 10 I). Reports, measured in this one run:
+
+* steady-state integrator steps per second inside ``pm.sample`` (thin = 1: one draw per step,
+  every draw through PyMC's trace; thin = 10),
+* the same for a hand-written NumPy SGLD with the analytic gradient (the baseline),
+* time to the first draw (graph build, compile and first block) in a fresh process, with the
+  compile cache cold and warm.
+
+Writes ``benchmarks/results.md``. Run: ``make bench``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+HERE = Path(__file__).parent
+N, D, BATCH, PRIOR_VAR, EPS = 10_000, 100, 500, 10.0, 1e-4
+STEPS = 40_000
+
+
+def data(seed=0):
+    rng = np.random.default_rng(seed)
+    X = rng.standard_normal((N, D))
+    y = X @ rng.standard_normal(D) + rng.standard_normal(N)
+    return X, y
+
+
+def model():
+    import pymc as pm
+
+    X, y = data()
+    with pm.Model() as m:
+        X_mb, y_mb = pm.Minibatch(X, y, batch_size=BATCH)
+        w = pm.Normal("w", 0.0, np.sqrt(PRIOR_VAR), shape=D)
+        pm.Normal("y", X_mb @ w, 1.0, observed=y_mb, total_size=N)
+    return m
+
+
+def make_step(name: str, thin: int):
+    from pymc_sgmcmc import SGLD, SGNHT
+
+    if name == "SGLD":
+        return SGLD(step_size=EPS, thin=thin)
+    return SGNHT(step_size=1e-3, friction=1.0, thin=thin)
+
+
+def numpy_sgld(steps: int, seed: int = 1) -> float:
+    """Steps per second of a hand-written NumPy SGLD with the analytic gradient."""
+    X, y = data()
+    rng = np.random.default_rng(seed)
+    theta = np.zeros(D)
+    scale = N / BATCH
+    start = time.perf_counter()
+    for _ in range(steps):
+        idx = rng.integers(0, N, BATCH)
+        Xb = X[idx]
+        grad = -theta / PRIOR_VAR + scale * (Xb.T @ (y[idx] - Xb @ theta))
+        theta = theta + 0.5 * EPS * grad + np.sqrt(EPS) * rng.standard_normal(D)
+    return steps / (time.perf_counter() - start)
+
+
+def pymc_steps_per_second(name: str, thin: int) -> float:
+    import pymc as pm
+
+    with model():
+        step = make_step(name, thin)
+        kwargs = dict(step=step, chains=1, tune=0, progressbar=False, compute_convergence_checks=False)
+        pm.sample(draws=200, random_seed=0, **kwargs)  # compile and warm up
+        idata = pm.sample(draws=STEPS // thin, random_seed=1, **kwargs)
+    return STEPS / idata.posterior.attrs["sampling_time"]
+
+
+def time_to_first_draw(name: str) -> float:
+    """Build, compile and draw once (run in a fresh process)."""
+    import pymc as pm
+
+    start = time.perf_counter()
+    with model():
+        pm.sample(draws=1, tune=0, chains=1, step=make_step(name, 1), progressbar=False,
+                  compute_convergence_checks=False, random_seed=0)
+    return time.perf_counter() - start
+
+
+def first_draw_in_subprocess(name: str, env: dict) -> float:
+    out = subprocess.run(
+        [sys.executable, __file__, "--first-draw", name],
+        env={**os.environ, **env}, capture_output=True, text=True, check=True,
+    )
+    return json.loads(out.stdout.strip().splitlines()[-1])["seconds"]
+
+
+def versions() -> str:
+    import arviz
+    import numba
+    import pymc
+    import pytensor
+
+    return (
+        f"pymc {pymc.__version__}, pytensor {pytensor.__version__}, numba {numba.__version__}, "
+        f"arviz {arviz.__version__}, numpy {np.__version__}, Python {platform.python_version()}"
+    )
+
+
+def main() -> None:
+    rows = []
+    baseline = numpy_sgld(STEPS)
+    print(f"NumPy SGLD: {baseline:,.0f} steps/s")
+    with tempfile.TemporaryDirectory() as cold_dir:
+        for name in ("SGLD", "SGNHT"):
+            cold = first_draw_in_subprocess(name, {"PYTENSOR_FLAGS": f"compiledir={cold_dir}/{name}"})
+            warm = first_draw_in_subprocess(name, {})
+            for thin in (1, 10):
+                rate = pymc_steps_per_second(name, thin)
+                rows.append((name, thin, rate, rate / baseline, cold, warm))
+                print(f"{name} thin={thin}: {rate:,.0f} steps/s ({rate / baseline:.2f}x NumPy), "
+                      f"first draw {cold:.1f} s cold / {warm:.1f} s warm")
+    lines = [
+        "# Benchmark results (`make bench`)",
+        "",
+        f"P1 linear regression, N = {N:,}, D = {D}, n = {BATCH}; {STEPS:,} steps per measurement;"
+        " one chain; steps/s inside `pm.sample` (every stored draw goes through PyMC's trace).",
+        "",
+        f"- date: {time.strftime('%Y-%m-%d')}",
+        f"- machine: {platform.machine()}, {os.cpu_count()} cores, {platform.platform()}",
+        f"- versions: {versions()}",
+        f"- baseline, hand-written NumPy SGLD (analytic gradient): **{baseline:,.0f} steps/s**",
+        "",
+        "| sampler | thin | steps/s | ratio to NumPy SGLD | first draw, cold cache (s) | first draw, warm cache (s) |",
+        "| --- | --- | --- | --- | --- | --- |",
+    ]
+    for name, thin, rate, ratio, cold, warm in rows:
+        lines.append(f"| {name} | {thin} | {rate:,.0f} | {ratio:.2f}x | {cold:.1f} | {warm:.1f} |")
+    lines += [
+        "",
+        "Time to first draw = graph construction + factorisation check + compile + one block, in a",
+        "fresh Python process; 'cold' uses an empty PyTensor compile directory (numba's on-disk",
+        "cache empty), 'warm' the default one after a previous run.",
+    ]
+    (HERE / "results.md").write_text("\n".join(lines) + "\n")
+    print(f"wrote {HERE / 'results.md'}")
+
+
+if __name__ == "__main__":
+    if len(sys.argv) == 3 and sys.argv[1] == "--first-draw":
+        print(json.dumps({"seconds": time_to_first_draw(sys.argv[2])}))
+    else:
+        main()
