@@ -76,7 +76,9 @@ def pymc_steps_per_second(name: str, thin: int) -> float:
 
     with model():
         step = make_step(name, thin)
-        kwargs = dict(step=step, chains=1, tune=0, progressbar=False, compute_convergence_checks=False)
+        kwargs = dict(
+            step=step, chains=1, tune=0, progressbar=False, compute_convergence_checks=False
+        )
         pm.sample(draws=200, random_seed=0, **kwargs)  # compile and warm up
         idata = pm.sample(draws=STEPS // thin, random_seed=1, **kwargs)
     return STEPS / idata.posterior.attrs["sampling_time"]
@@ -88,15 +90,25 @@ def time_to_first_draw(name: str) -> float:
 
     start = time.perf_counter()
     with model():
-        pm.sample(draws=1, tune=0, chains=1, step=make_step(name, 1), progressbar=False,
-                  compute_convergence_checks=False, random_seed=0)
+        pm.sample(
+            draws=1,
+            tune=0,
+            chains=1,
+            step=make_step(name, 1),
+            progressbar=False,
+            compute_convergence_checks=False,
+            random_seed=0,
+        )
     return time.perf_counter() - start
 
 
 def first_draw_in_subprocess(name: str, env: dict) -> float:
     out = subprocess.run(
         [sys.executable, __file__, "--first-draw", name],
-        env={**os.environ, **env}, capture_output=True, text=True, check=True,
+        env={**os.environ, **env},
+        capture_output=True,
+        text=True,
+        check=True,
     )
     return json.loads(out.stdout.strip().splitlines()[-1])["seconds"]
 
@@ -119,13 +131,17 @@ def main() -> None:
     print(f"NumPy SGLD: {baseline:,.0f} steps/s")
     with tempfile.TemporaryDirectory() as cold_dir:
         for name in ("SGLD", "SGNHT"):
-            cold = first_draw_in_subprocess(name, {"PYTENSOR_FLAGS": f"compiledir={cold_dir}/{name}"})
+            cold = first_draw_in_subprocess(
+                name, {"PYTENSOR_FLAGS": f"compiledir={cold_dir}/{name}"}
+            )
             warm = first_draw_in_subprocess(name, {})
             for thin in (1, 10):
                 rate = pymc_steps_per_second(name, thin)
                 rows.append((name, thin, rate, rate / baseline, cold, warm))
-                print(f"{name} thin={thin}: {rate:,.0f} steps/s ({rate / baseline:.2f}x NumPy), "
-                      f"first draw {cold:.1f} s cold / {warm:.1f} s warm")
+                print(
+                    f"{name} thin={thin}: {rate:,.0f} steps/s ({rate / baseline:.2f}x NumPy), "
+                    f"first draw {cold:.1f} s cold / {warm:.1f} s warm"
+                )
     lines = [
         "# Benchmark results (`make bench`)",
         "",
@@ -137,7 +153,7 @@ def main() -> None:
         f"- versions: {versions()}",
         f"- baseline, hand-written NumPy SGLD (analytic gradient): **{baseline:,.0f} steps/s**",
         "",
-        "| sampler | thin | steps/s | ratio to NumPy SGLD | first draw, cold cache (s) | first draw, warm cache (s) |",
+        "| sampler | thin | steps/s | ratio to NumPy | first draw cold (s) | first draw warm (s) |",
         "| --- | --- | --- | --- | --- | --- |",
     ]
     for name, thin, rate, ratio, cold, warm in rows:

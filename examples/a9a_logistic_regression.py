@@ -3,8 +3,8 @@
 The model of Welling & Teh (2011, section 5.2): a Laplace prior on the 123 weights, here with
 an unknown prior scale (a log-transformed free variable); minibatches of 500 of the 32,561
 training rows through ``pm.Minibatch``. (No separate intercept: a9a's one-hot groups already sum
-to one per row, so an intercept would be collinear with them.) Prints ``az.summary`` for the scalars, the
-test accuracy of the posterior predictive, and saves a trace plot next to this file.
+to one per row, so an intercept would be collinear with them.) Prints ``az.summary``, the test
+accuracy of the posterior predictive, and saves a trace plot in ``examples/output/``.
 
 Run: ``make example`` (or ``.venv/bin/python examples/a9a_logistic_regression.py [--quick]``).
 """
@@ -19,11 +19,11 @@ import arviz as az
 import matplotlib
 
 matplotlib.use("Agg")
-import numpy as np  # noqa: E402
-import pymc as pm  # noqa: E402
-from _data import load  # noqa: E402
+import numpy as np
+import pymc as pm
+from _data import load
 
-from pymc_sgmcmc import SGNHT  # noqa: E402
+from pymc_sgmcmc import SGNHT
 
 OUT = Path(__file__).parent / "output"
 
@@ -34,7 +34,7 @@ def main(quick: bool = False) -> None:
     X_test, y_test = data["X_test"].astype(float), data["y_test"]
     n_obs, n_features = X.shape
 
-    with pm.Model(coords={"feature": np.arange(n_features)}) as model:
+    with pm.Model(coords={"feature": np.arange(n_features)}):
         X_mb, y_mb = pm.Minibatch(X, y, batch_size=500)
         scale = pm.HalfNormal("prior_scale", 1.0)
         w = pm.Laplace("w", 0.0, scale, dims="feature")

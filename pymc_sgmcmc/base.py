@@ -24,14 +24,13 @@ from typing import Any, ClassVar
 import numpy as np
 import pytensor
 import pytensor.tensor as pt
-from pymc.pytensorf import compile as compile_pymc
 from pymc.blocking import RaveledVars
 from pymc.model import modelcontext
-from pytensor import config
+from pymc.pytensorf import compile as compile_pymc
 from pymc.step_methods.arraystep import ArrayStepShared
 from pymc.step_methods.compound import Competence, StepMethodState
 from pymc.step_methods.state import dataclass_state
-from pymc.util import get_random_generator
+from pytensor import config
 from pytensor.tensor.variable import TensorVariable
 
 from pymc_sgmcmc.model_layer import SGModel
@@ -222,7 +221,11 @@ class SGMCMC(ArrayStepShared):
             outputs_info=[state0[n] for n in names] + [None] * (1 + n_stats),
             return_updates=False,
         )
-        states, finite, stats = outputs[: len(names)], outputs[len(names)], outputs[len(names) + 1 :]
+        states, finite, stats = (
+            outputs[: len(names)],
+            outputs[len(names)],
+            outputs[len(names) + 1 :],
+        )
         logp_trace = states[names.index("logp")]
         block_fn = self._function(
             [*(state0[n] for n in names), *index_seqs, noise_seq, h_seq],
@@ -304,7 +307,10 @@ class SGMCMC(ArrayStepShared):
         indices = [i[0] for i in self.sg_model.draw_indices(self.rng, 1)]
         noise = self.rng.standard_normal((self.noise_vectors, self.dim))
         values = init_fn(np.asarray(theta, dtype=config.floatX), *indices, noise)
-        state = {"theta": np.array(theta, dtype=config.floatX), **dict(zip(evaluated, values, strict=True))}
+        state = {
+            "theta": np.array(theta, dtype=config.floatX),
+            **dict(zip(evaluated, values, strict=True)),
+        }
         state.update(self.initial_auxiliary(self.rng))
         return {n: state[n] for n in names}
 

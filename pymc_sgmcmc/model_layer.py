@@ -233,8 +233,8 @@ class SGModel:
         for rv in [*model.free_RVs, *model.deterministics]:
             if _minibatch_nodes([rv]):
                 raise ModelError(
-                    f"'{rv.name}' is computed from pm.Minibatch data, so it would change with every "
-                    "batch. Only observed variables may read minibatch data."
+                    f"'{rv.name}' is computed from pm.Minibatch data, so it would change with "
+                    "every batch. Only observed variables may read minibatch data."
                 )
         self._fixed_terms = [*model.free_RVs, *fixed_obs, *model.potentials]
 
@@ -251,7 +251,7 @@ class SGModel:
             k = next(
                 k
                 for k, s in enumerate(self.sources)
-                if all(a is b for a, b in zip(node.inputs, s.node.inputs[:-1]))
+                if all(a is b for a, b in zip(node.inputs, s.node.inputs[:-1], strict=True))
             )
             for out, data in zip(node.outputs[:-1], self.sources[k].shared_data, strict=True):
                 replace[out] = data[indices[k]]
@@ -305,7 +305,9 @@ class SGModel:
 
         # One-observation graph: the same terms with batches of size one. Its total_size
         # scaling is N/1 instead of N/n, hence the 1/n below.
-        single = tuple(pt.vector(f"row_index_{k}", dtype="int64", shape=(1,)) for k in range(len(self.sources)))
+        single = tuple(
+            pt.vector(f"row_index_{k}", dtype="int64", shape=(1,)) for k in range(len(self.sources))
+        )
         row_terms = self._row_terms(single)
         row_lp = pt.sum([r.sum() for r in row_terms]) if row_terms else None
 
@@ -481,7 +483,9 @@ class NoiseCovariance:
         s2, u = pt.linalg.eigh(self.centred @ self.centred.T)
         s2 = pt.maximum(s2, 0.0)
         nonzero = s2 > 1e-12 * pt.max(s2) + 1e-300
-        w = (self.centred.T @ u) * pt.switch(nonzero, 1.0 / pt.sqrt(pt.switch(nonzero, s2, 1.0)), 0.0)
+        w = (self.centred.T @ u) * pt.switch(
+            nonzero, 1.0 / pt.sqrt(pt.switch(nonzero, s2, 1.0)), 0.0
+        )
         shifted = a - b * self.scale * s2
         coefficient = pt.sqrt(pt.maximum(shifted, 0.0)) - pt.sqrt(a)
         root = pt.sqrt(a) * v + w @ (coefficient * (w.T @ v))

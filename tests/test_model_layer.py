@@ -65,15 +65,11 @@ def scaled_row_logps(sg: SGModel):
     """Reference for the rows of G, independent of the vectorised graph: row i's scaled term
     (N/n) log p(x_i) is the batch log-density of a batch repeating row i n times, minus the
     full-data part, divided by n."""
-    fn = pytensor.function(
-        [sg.theta, *sg.indices], sg.logp - sg.fixed_logp, mode="FAST_COMPILE"
-    )
+    fn = pytensor.function([sg.theta, *sg.indices], sg.logp - sg.fixed_logp, mode="FAST_COMPILE")
 
     def rows(theta, idx):
         n = sg.batch_size
-        return np.array(
-            [fn(theta, *[np.full(n, k[i]) for k in idx]) / n for i in range(n)]
-        )
+        return np.array([fn(theta, *[np.full(n, k[i]) for k in idx]) / n for i in range(n)])
 
     return rows
 
@@ -129,7 +125,7 @@ def test_full_batch_model_has_exact_force_and_no_noise():
     with problem.model() as model:
         sg = SGModel(model, model.value_vars)
     assert not sg.has_minibatch and sg.per_observation_gradients is None
-    force, logp, noise = sg.force_logp_and_noise(sg.theta, [])
+    force, _, noise = sg.force_logp_and_noise(sg.theta, [])
     fn = pytensor.function([sg.theta], [force, noise.trace()], mode="FAST_COMPILE")
     theta = np.array([0.3, -0.2])
     f, trace = fn(theta)
@@ -272,7 +268,7 @@ def test_potential_on_minibatch_data_is_rejected():
         X_mb, y_mb = pm.Minibatch(X, y, batch_size=10)
         w = pm.Normal("w", shape=2)
         pm.Potential("lik", -((y_mb - X_mb @ w) ** 2).sum())
-    with pytest.raises(ModelError, match="potential 'lik' reads pm.Minibatch data"):
+    with pytest.raises(ModelError, match=r"potential 'lik' reads pm\.Minibatch data"):
         SGModel(model, model.value_vars)
 
 

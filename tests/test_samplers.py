@@ -67,7 +67,9 @@ def test_sgnht_thermostat_reaches_unit_kinetic_temperature():
     problem = GaussianRegression.make(n_obs=1000, dim=2, batch_size=500)
     with problem.model():
         step = SGNHT(step_size=3e-3, friction=1.0, thin=5)
-        idata = pm.sample(draws=10_000, tune=2000, step=step, chains=2, random_seed=2, **SAMPLE_KWARGS)
+        idata = pm.sample(
+            draws=10_000, tune=2000, step=step, chains=2, random_seed=2, **SAMPLE_KWARGS
+        )
     kt = idata.sample_stats["kinetic_temperature"].values
     se = kt.std() / np.sqrt(az.ess(kt, method="mean"))
     assert abs(kt.mean() - 1) < Z_TOLERANCE * se, (kt.mean(), se)
@@ -81,7 +83,9 @@ def test_sgnht_matches_exact_gaussian_posterior(splitting):
     problem = GaussianRegression.make(n_obs=1000, dim=2, batch_size=500)
     with problem.model():
         step = SGNHT(step_size=3e-3, friction=10.0, splitting=splitting, thin=5)
-        idata = pm.sample(draws=10_000, tune=1000, step=step, chains=2, random_seed=3, **SAMPLE_KWARGS)
+        idata = pm.sample(
+            draws=10_000, tune=1000, step=step, chains=2, random_seed=3, **SAMPLE_KWARGS
+        )
     check = gaussian_check(posterior_draws(idata, "w"), problem.mean, problem.cov)
     assert check.passes(), check.describe()
     assert check.ess_var.min() > 2000, check.describe()
@@ -102,8 +106,13 @@ def normal_gamma(n_obs=100, batch_size=None, seed=0):
         gamma = pm.Gamma("gamma", 1.0, 1.0)  # sampled as log(gamma)
         mu = pm.Normal("mu", 0.0, 1.0 / pm.math.sqrt(gamma))
         data = x if batch_size is None else pm.Minibatch(x, batch_size=batch_size)
-        pm.Normal("x", mu, 1.0 / pm.math.sqrt(gamma), observed=data,
-                  total_size=None if batch_size is None else n_obs)
+        pm.Normal(
+            "x",
+            mu,
+            1.0 / pm.math.sqrt(gamma),
+            observed=data,
+            total_size=None if batch_size is None else n_obs,
+        )
     kappa, xbar = 1 + n_obs, x.mean()
     alpha = 1 + n_obs / 2
     beta = 1 + 0.5 * ((x - xbar) ** 2).sum() + n_obs * xbar**2 / (2 * kappa)
@@ -120,7 +129,9 @@ def test_normal_gamma_full_batch_through_the_log_transform():
     model, exact = normal_gamma()
     with model:
         step = SGNHT(step_size=0.01, friction=10.0, thin=5)
-        idata = pm.sample(draws=10_000, tune=1000, step=step, chains=2, random_seed=4, **SAMPLE_KWARGS)
+        idata = pm.sample(
+            draws=10_000, tune=1000, step=step, chains=2, random_seed=4, **SAMPLE_KWARGS
+        )
     for name, (mean, var) in exact.items():
         err_mean, err_var = moment_errors(idata.posterior[name].values, mean, var)
         assert err_mean < Z_TOLERANCE and err_var < Z_TOLERANCE, (name, err_mean, err_var)
@@ -183,8 +194,14 @@ def test_chains_draw_independent_minibatch_streams():
 def test_polynomial_decay_schedule_is_recorded_per_draw():
     schedule = PolynomialDecay(a=1e-3, b=10.0, gamma=0.55)
     with small_problem().model():
-        idata = pm.sample(draws=50, tune=10, step=SGLD(step_size=schedule, thin=3), chains=1,
-                          random_seed=1, **SAMPLE_KWARGS)
+        idata = pm.sample(
+            draws=50,
+            tune=10,
+            step=SGLD(step_size=schedule, thin=3),
+            chains=1,
+            random_seed=1,
+            **SAMPLE_KWARGS,
+        )
     # The stored draw k (tuning included) is the state after step 3(k + 1) - 1.
     t = 3 * (10 + np.arange(50) + 1) - 1
     np.testing.assert_allclose(idata.sample_stats["step_size"].values[0], schedule(t))
@@ -193,8 +210,14 @@ def test_polynomial_decay_schedule_is_recorded_per_draw():
 def test_full_batch_model_samples_exact_gaussian():
     problem = GaussianRegression.make(n_obs=200, dim=2, batch_size=None)
     with problem.model():
-        idata = pm.sample(draws=4000, tune=500, step=SGNHT(step_size=0.01, friction=5.0, thin=4),
-                          chains=2, random_seed=3, **SAMPLE_KWARGS)
+        idata = pm.sample(
+            draws=4000,
+            tune=500,
+            step=SGNHT(step_size=0.01, friction=5.0, thin=4),
+            chains=2,
+            random_seed=3,
+            **SAMPLE_KWARGS,
+        )
     check = gaussian_check(posterior_draws(idata, "w"), problem.mean, problem.cov)
     assert check.passes(), check.describe()
 
@@ -205,8 +228,15 @@ def test_divergence_is_flagged_and_never_returned_as_nan():
     with problem.model():
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
-            idata = pm.sample(draws=100, tune=0, step=SGLD(step_size=0.1), chains=2, cores=1,
-                              random_seed=1, **SAMPLE_KWARGS)
+            idata = pm.sample(
+                draws=100,
+                tune=0,
+                step=SGLD(step_size=0.1),
+                chains=2,
+                cores=1,
+                random_seed=1,
+                **SAMPLE_KWARGS,
+            )
     messages = [str(w.message) for w in caught if "diverged" in str(w.message)]
     assert len(messages) == 2, "one warning per chain"
     suggested = float(re.search(r"try step_size=([\d.e+-]+)", messages[0]).group(1))
@@ -233,7 +263,10 @@ def test_divergence_is_flagged_and_never_returned_as_nan():
         (lambda: SGNHT(step_size=1e-3, splitting="leapfrog"), "splitting must be"),
         (lambda: SGNHT(step_size=1e-3, thermostat_mass=-1), "thermostat_mass must be positive"),
         (lambda: SGLD(step_size=1e-3, thin=0), "thin must be a positive integer"),
-        (lambda: SGLD(step_size=PolynomialDecay(a=1e-3, gamma=0.5)), r"gamma must lie in \(0.5, 1\]"),
+        (
+            lambda: SGLD(step_size=PolynomialDecay(a=1e-3, gamma=0.5)),
+            r"gamma must lie in \(0.5, 1\]",
+        ),
         (lambda: MSGLD(step_size="big"), "step_size must be a positive number"),
     ],
 )

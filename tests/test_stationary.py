@@ -77,8 +77,14 @@ def sample(problem, step_factory, seed=1, thin=1):
     with problem.model():
         step = step_factory()
         idata = pm.sample(
-            draws=DRAWS, tune=1000, step=step, chains=CHAINS, cores=1, random_seed=seed,
-            progressbar=False, compute_convergence_checks=False,
+            draws=DRAWS,
+            tune=1000,
+            step=step,
+            chains=CHAINS,
+            cores=1,
+            random_seed=seed,
+            progressbar=False,
+            compute_convergence_checks=False,
         )
     return idata
 

@@ -1,4 +1,4 @@
-"""mSGLD: SGLD with noise shrunk by the gradient-noise covariance (Vollmer, Zygalakis & Teh 2016)."""
+"""mSGLD: SGLD with its noise shrunk by the gradient-noise covariance (Vollmer et al. 2016)."""
 
 from __future__ import annotations
 

@@ -89,7 +89,9 @@ class SGHMC(SGMCMC):
         self.step_size = positive("step_size", step_size)
         self.friction = positive("friction", friction)
         if gradient_noise not in ("ignore", "estimate"):
-            raise ValueError(f"gradient_noise must be 'ignore' or 'estimate', got {gradient_noise!r}")
+            raise ValueError(
+                f"gradient_noise must be 'ignore' or 'estimate', got {gradient_noise!r}"
+            )
         self.gradient_noise = gradient_noise
         super().__init__(vars, **kwargs)
 

@@ -111,7 +111,12 @@ class SGNHT(SGMCMC):
         p_new = p + h * state["force"] - h * xi * p + pt.sqrt(2.0 * a * h) * noise
         xi = thermostat(xi, p_new, h, mu)
         theta = drift(state["theta"], p_new, h)
-        return {"theta": theta, "momentum": p_new, "thermostat": xi, **self.evaluate(theta, indices, noise)}
+        return {
+            "theta": theta,
+            "momentum": p_new,
+            "thermostat": xi,
+            **self.evaluate(theta, indices, noise),
+        }
 
     def _badodab(self, state, indices, noise, h):
         mu, a, half = self.thermostat_mass, self.friction, 0.5 * h
