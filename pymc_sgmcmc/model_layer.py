@@ -251,7 +251,8 @@ class SGModel:
             k = next(
                 k
                 for k, s in enumerate(self.sources)
-                if all(a is b for a, b in zip(node.inputs, s.node.inputs[:-1], strict=True))
+                if len(node.inputs) == len(s.node.inputs)
+                and all(a is b for a, b in zip(node.inputs[:-1], s.node.inputs[:-1], strict=True))
             )
             for out, data in zip(node.outputs[:-1], self.sources[k].shared_data, strict=True):
                 replace[out] = data[indices[k]]
