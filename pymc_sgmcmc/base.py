@@ -32,6 +32,8 @@ from pymc.step_methods.compound import Competence, StepMethodState
 from pymc.step_methods.state import dataclass_state
 from pytensor import config
 from pytensor.tensor.variable import TensorVariable
+from rich.progress import TextColumn
+from rich.table import Column
 
 from pymc_sgmcmc.model_layer import SGModel
 
@@ -55,6 +57,7 @@ def positive(name: str, value: Any) -> float:
 @dataclass_state
 class SGMCMCState(StepMethodState):
     tune: bool
+    tune_left: int
     step_count: int
     divergences: int
     warned: bool
@@ -121,13 +124,14 @@ class SGMCMC(ArrayStepShared):
     ):
         model = modelcontext(model)
         vars = list(model.value_vars) if vars is None else list(vars)
+        self.sg_model = SGModel(model, vars)  # rejects anything but all value variables
+        vars = self.sg_model.value_vars  # in the model's order, as PyMC ravels points
         if int(thin) != thin or thin < 1:
             raise ValueError(f"thin must be a positive integer, got {thin}")
         if int(block_steps) != block_steps or block_steps < 1:
             raise ValueError(f"block_steps must be a positive integer, got {block_steps}")
         self.thin = int(thin)
         self.divergence_threshold = positive("divergence_threshold", divergence_threshold)
-        self.sg_model = SGModel(model, vars)
         self.sg_model.check_factorisation()
         self.dim = self.sg_model.dim
         max_steps = max(1, _BLOCK_MEMORY_BYTES // (8 * self.dim))
@@ -136,7 +140,7 @@ class SGMCMC(ArrayStepShared):
         self.compile_kwargs = dict(compile_kwargs or {})
         self._functions = None
         super().__init__(vars, {}, blocked=blocked, rng=rng)
-        self._reset_chain(tune=False, draws=None)
+        self._reset_chain(tune=0, draws=None)
 
     # ------------------------------------------------------------------ integrator interface
     def step_sizes(self, steps: np.ndarray) -> np.ndarray:
@@ -257,16 +261,36 @@ class SGMCMC(ArrayStepShared):
 
     # ------------------------------------------------------------------ PyMC contract
     @staticmethod
+    def _progressbar_config(n_chains=1):
+        columns = [
+            TextColumn("{task.fields[divergences]}", table_column=Column("Divergences", ratio=1)),
+            TextColumn("{task.fields[step_size]:0.2g}", table_column=Column("Step size", ratio=1)),
+        ]
+        return columns, {"divergences": [0] * n_chains, "step_size": [0] * n_chains}
+
+    @staticmethod
+    def _make_progressbar_update_functions():
+        def update_stats(stats):
+            return {
+                "divergences": stats["divergences"],
+                "step_size": stats["step_size"],
+                "failing": stats["divergences"] > 0,
+            }
+
+        return (update_stats,)
+
+    @staticmethod
     def competence(var, has_grad):
         # Never chosen automatically: an SG sampler is always the user's explicit choice.
         return Competence.COMPATIBLE
 
     def setup_chain(self, rng, tune: int, draws: int) -> None:
         super().setup_chain(rng, tune, draws)
-        self._reset_chain(tune=tune > 0, draws=tune + draws)
+        self._reset_chain(tune=tune, draws=tune + draws)
 
-    def _reset_chain(self, tune: bool, draws: int | None) -> None:
-        self.tune = tune
+    def _reset_chain(self, tune: int, draws: int | None) -> None:
+        self.tune = tune > 0
+        self.tune_left = tune
         self.step_count = 0
         self.divergences = 0
         self.warned = False
@@ -279,6 +303,19 @@ class SGMCMC(ArrayStepShared):
 
     def reset_tuning(self) -> None:
         """Tuning is burn-in only: the kernel does not change during ``tune``."""
+
+    def stop_tuning(self) -> None:
+        """End of burn-in: the next draw restarts the auxiliary variables (momentum, thermostat)
+        from their initial distribution at the current position.
+
+        From a start far in the tails the excess potential energy heats the momentum and drives
+        a thermostat far above its equilibrium, from which it decays at a rate of at most D/mu
+        per unit time; burn-in brings the position in, and the restart removes that memory.
+        """
+        if self.tune:
+            self.chain_state = None
+            self.buffer = None
+        self.tune = False
 
     def astep(self, q0: RaveledVars) -> tuple[RaveledVars, list[dict[str, Any]]]:
         theta = q0.data
@@ -299,6 +336,7 @@ class SGMCMC(ArrayStepShared):
         self.last_draw = draw
         if self.draws_left is not None:
             self.draws_left -= 1
+        self.tune_left -= 1
         return RaveledVars(draw, q0.point_map_info), [stats]
 
     # ------------------------------------------------------------------ blocks
@@ -321,6 +359,8 @@ class SGMCMC(ArrayStepShared):
         n_draws = self.block_draws
         if self.draws_left is not None and self.draws_left > 0:
             n_draws = min(n_draws, self.draws_left)
+        if self.tune and self.tune_left > 0:
+            n_draws = min(n_draws, self.tune_left)  # a block never straddles the end of tuning
         n_steps = n_draws * self.thin
         step_index = self.step_count + np.arange(n_steps)
         h = np.asarray(self.step_sizes(step_index), dtype=config.floatX)

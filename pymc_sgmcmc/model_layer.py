@@ -200,8 +200,9 @@ class SGModel:
 
     def __init__(self, model: pm.Model, value_vars: Sequence[Variable]):
         self.model = model
-        self.value_vars = list(value_vars)
-        _check_free_variables(model, self.value_vars)
+        _check_free_variables(model, list(value_vars))
+        # Ravel in the model's order, which is the order PyMC ravels points in.
+        self.value_vars = list(model.value_vars)
         self.sources = _find_sources(model)
         self.indices = tuple(
             pt.vector(f"minibatch_index_{k}", dtype="int64", shape=(s.batch_size,))

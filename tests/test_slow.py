@@ -57,14 +57,17 @@ def nuts_reference():
 @pytest.mark.parametrize(
     "factory",
     [
-        lambda: SGNHT(step_size=1e-3, friction=10.0, thin=10),
+        lambda: SGNHT(step_size=3e-4, friction=10.0, thin=30),
         lambda: SGLD(step_size=2e-6, thin=20),
     ],
     ids=["SGNHT", "SGLD"],
 )
 def test_matches_nuts_on_the_same_model(nuts_reference, factory):
-    # n = 1000 of N = 2000: the gradient-noise bias (SGLD: eps tr Sigma / 4 relative) is a few
-    # tenths of a percent, below the combined Monte Carlo error of the two runs.
+    # n = 1000 of N = 2000. SGLD's gradient-noise bias (eps tr Sigma / 4, relative) is a few
+    # tenths of a percent. SGNHT's, from parameter-dependent noise that one thermostat cannot
+    # absorb (the bias CCAdL removes), was measured at +1 to +5 % of the variances at h = 3e-4
+    # (+3 to +8 % at h = 1e-3); ESS ~ 2,000 per run puts the combined error of a variance near
+    # 4.5 %, so at this h the bias stays below the tolerance of 4 standard errors.
     with regression(1000):
         idata = pm.sample(
             10_000,

@@ -48,8 +48,8 @@ class SGHMC(SGMCMC):
 
     Notes
     -----
-    ``tune`` draws are burn-in. The momentum starts from :math:`N(0, I)` at every chain
-    (re)start.
+    ``tune`` draws are burn-in. The momentum is drawn from :math:`N(0, I)` at every chain
+    (re)start and at the end of tuning.
 
     Sampler stats
     -------------

@@ -44,8 +44,8 @@ class SGNHT(SGMCMC):
 
     Notes
     -----
-    ``tune`` draws are burn-in. At every chain (re)start the momentum is drawn from
-    :math:`N(0, I)` and :math:`\xi = A`.
+    ``tune`` draws are burn-in. At every chain (re)start, and at the end of tuning, the
+    momentum is drawn from :math:`N(0, I)` and :math:`\xi = A`.
 
     Sampler stats
     -------------
