@@ -19,7 +19,7 @@ step-method contract (``PLATFORM_NOTES.md``):
 from __future__ import annotations
 
 import warnings
-from typing import Any, ClassVar
+from typing import Any, ClassVar, NamedTuple
 
 import numpy as np
 import pytensor
@@ -37,7 +37,17 @@ from rich.table import Column
 
 from pymc_sgmcmc.model_layer import SGModel
 
-__all__ = ["SGMCMC", "SGMCMCState", "positive"]
+__all__ = ["SGMCMC", "SGMCMCState", "Step", "positive"]
+
+
+class Step(NamedTuple):
+    """What one integrator step returns (all PyTensor graphs)."""
+
+    state: dict  # carried to the next step
+    draw: TensorVariable  # the position stored for this step
+    logp: TensorVariable  # minibatch estimate of the model log-density for the stats
+    stats: dict  # sampler-specific scalar stats
+
 
 #: Upper bound on the memory of one block's stored positions, to size blocks at large D.
 _BLOCK_MEMORY_BYTES = 64 * 2**20
@@ -160,9 +170,19 @@ class SGMCMC(ArrayStepShared):
         force, logp = self.sg_model.force_and_logp(theta, indices)
         return {"force": force, "logp": logp}
 
-    def integrate(self, state, indices, noise, h) -> tuple[dict, dict]:
-        """One integrator step: new state and the step's sampler-specific scalar stats."""
+    def initial_evaluation(self, theta, indices, noise) -> dict[str, TensorVariable]:
+        """Evaluated quantities carried in the state from one step to the next (the force of
+        "first same as last" schemes). A chain (re)start computes them at its position."""
+        return self.evaluate(theta, indices, noise)
+
+    def integrate(self, state, indices, noise, h) -> Step:
+        """One integrator step from ``state`` (a dict of graphs)."""
         raise NotImplementedError
+
+    def carried(self, state: dict, stats: dict | None = None) -> Step:
+        """The usual result: the stored draw is the new state's position, with its force's
+        minibatch log-density."""
+        return Step(state, state["theta"], state["logp"], stats or {})
 
     def stable_step_size(self, curvature: float) -> float:
         """Half the linear-stability limit for a Gaussian of largest Hessian eigenvalue
@@ -186,9 +206,11 @@ class SGMCMC(ArrayStepShared):
             for k, i in enumerate(ml.indices)
         ]
         noise = pt.tensor("noise", shape=(self.noise_vectors, self.dim))
-        evaluated = self.evaluate(theta, indices, noise)
+        evaluated = self.initial_evaluation(theta, indices, noise)
         kwargs = {"mode": self.mode, **self.compile_kwargs, "on_unused_input": "ignore"}
-        init_fn = self._function([theta, *indices, noise], list(evaluated.values()), kwargs)
+        init_fn = None
+        if evaluated:
+            init_fn = self._function([theta, *indices, noise], list(evaluated.values()), kwargs)
 
         aux = self.initial_auxiliary(np.random.default_rng(0))
         names = ["theta", *evaluated, *aux]
@@ -210,30 +232,26 @@ class SGMCMC(ArrayStepShared):
             idx_t = list(args[:n_idx])
             noise_t, h_t = args[n_idx], args[n_idx + 1]
             state = dict(zip(names, args[n_idx + 2 :], strict=True))
-            new_state, stats = self.integrate(state, idx_t, noise_t, h_t)
-            stat_names[:] = list(stats)
-            sane = pt.all([pt.all(pt.isfinite(new_state[n])) for n in names]) & (
-                pt.max(pt.abs(new_state["theta"])) < self.divergence_threshold
+            step = self.integrate(state, idx_t, noise_t, h_t)
+            stat_names[:] = list(step.stats)
+            new = [step.state[n] for n in names]
+            sane = pt.all([pt.all(pt.isfinite(v)) for v in [*new, step.draw]]) & (
+                pt.max(pt.abs(step.draw)) < self.divergence_threshold
             )
-            stat_values = [pt.as_tensor(s).astype("float64") for s in stats.values()]
-            return [new_state[n] for n in names] + [sane] + stat_values
+            stat_values = [pt.as_tensor(v).astype("float64") for v in step.stats.values()]
+            return [*new, step.draw, pt.as_tensor(step.logp), sane, *stat_values]
 
         n_stats = len(self._integrator_stat_names())
         outputs = pytensor.scan(
             one_step,
             sequences=[*index_seqs, noise_seq, h_seq],
-            outputs_info=[state0[n] for n in names] + [None] * (1 + n_stats),
+            outputs_info=[state0[n] for n in names] + [None] * (3 + n_stats),
             return_updates=False,
         )
-        states, finite, stats = (
-            outputs[: len(names)],
-            outputs[len(names)],
-            outputs[len(names) + 1 :],
-        )
-        logp_trace = states[names.index("logp")]
+        states, traces = outputs[: len(names)], outputs[len(names) :]
         block_fn = self._function(
             [*(state0[n] for n in names), *index_seqs, noise_seq, h_seq],
-            [*(s[-1] for s in states), states[0], logp_trace, finite, *stats],
+            [*(s[-1] for s in states), *traces],
             kwargs,
         )
         self._functions = (init_fn, block_fn, names, list(evaluated), stat_names)
@@ -342,13 +360,12 @@ class SGMCMC(ArrayStepShared):
     # ------------------------------------------------------------------ blocks
     def _initial_state(self, theta: np.ndarray) -> dict[str, np.ndarray]:
         init_fn, _, names, evaluated, _ = self.functions
-        indices = [i[0] for i in self.sg_model.draw_indices(self.rng, 1)]
-        noise = self.rng.standard_normal((self.noise_vectors, self.dim))
-        values = init_fn(np.asarray(theta, dtype=config.floatX), *indices, noise)
-        state = {
-            "theta": np.array(theta, dtype=config.floatX),
-            **dict(zip(evaluated, values, strict=True)),
-        }
+        state = {"theta": np.array(theta, dtype=config.floatX)}
+        if init_fn is not None:
+            indices = [i[0] for i in self.sg_model.draw_indices(self.rng, 1)]
+            noise = self.rng.standard_normal((self.noise_vectors, self.dim))
+            values = init_fn(state["theta"], *indices, noise)
+            state.update(zip(evaluated, values, strict=True))
         state.update(self.initial_auxiliary(self.rng))
         return {n: state[n] for n in names}
 

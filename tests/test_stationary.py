@@ -141,7 +141,7 @@ class BrokenSGLD(SGLD):
 
     def integrate(self, state, indices, noise, h):
         theta = state["theta"] + 0.5 * h * state["force"] + pt.sqrt(2 * h) * noise[0]
-        return {"theta": theta, **self.evaluate(theta, indices, noise)}, {}
+        return self.carried({"theta": theta, **self.evaluate(theta, indices, noise)})
 
 
 class DoubleScaledSGLD(SGLD):

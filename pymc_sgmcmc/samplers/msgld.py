@@ -78,4 +78,4 @@ class MSGLD(SGMCMC):
         shrunk_noise = state["noise"] - (h / 8.0) * state["sigma_noise"]
         theta = state["theta"] + 0.5 * h * state["force"] + pt.sqrt(h) * shrunk_noise
         new = {"theta": theta, **self.evaluate(theta, indices, noise)}
-        return new, {"noise_trace": new["noise_trace"]}
+        return self.carried(new, {"noise_trace": new["noise_trace"]})

@@ -120,7 +120,7 @@ class SGHMC(SGMCMC):
             "kinetic_temperature": kinetic_temperature(p),
             "noise_clipped": new["noise_min_eig"] < 0,
         }
-        return new, stats
+        return self.carried(new, stats)
 
     def _fill_buffer(self, theta):
         super()._fill_buffer(theta)

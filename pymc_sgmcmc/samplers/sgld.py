@@ -101,4 +101,4 @@ class SGLD(SGMCMC):
 
     def integrate(self, state, indices, noise, h):
         theta = state["theta"] + 0.5 * h * state["force"] + pt.sqrt(h) * noise[0]
-        return {"theta": theta, **self.evaluate(theta, indices, noise)}, {}
+        return self.carried({"theta": theta, **self.evaluate(theta, indices, noise)})

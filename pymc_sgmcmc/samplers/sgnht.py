@@ -102,7 +102,7 @@ class SGNHT(SGMCMC):
             "kinetic_temperature": kinetic_temperature(new["momentum"]),
             "thermostat": new["thermostat"],
         }
-        return new, stats
+        return self.carried(new, stats)
 
     def _euler(self, state, indices, noise, h):
         # Ding et al. regrouped so that the force of a stored draw is evaluated at it:
