@@ -38,7 +38,15 @@ from pytensor.graph.basic import Apply, Constant, Variable
 from pytensor.graph.replace import clone_replace, vectorize_graph
 from pytensor.graph.traversal import ancestors
 
-__all__ = ["MinibatchSource", "ModelError", "NoiseCovariance", "SGModel"]
+__all__ = [
+    "Covariance",
+    "DenseCovariance",
+    "DiagonalCovariance",
+    "MinibatchSource",
+    "ModelError",
+    "NoiseCovariance",
+    "SGModel",
+]
 
 
 class ModelError(ValueError):
@@ -325,6 +333,7 @@ class SGModel:
         self.force = self.fixed_force + pt.grad(batch_lp, theta) if batch_rows else self.fixed_force
         if row_lp is not None:
             row_grad = pt.grad(joined[2], theta) / self.batch_size
+            self._row_gradient = (row_grad, single)
             self.per_observation_gradients = vectorize_graph(
                 row_grad, {s: idx[:, None] for s, idx in zip(single, self.indices, strict=True)}
             )
@@ -363,6 +372,24 @@ class SGModel:
             logp,
             NoiseCovariance(grads, self.dim, self.batch_size),
         )
+
+    def exact_noise_covariance(self, theta: Variable) -> DenseCovariance:
+        """The full-data covariance Sigma(theta) = (N^2/n) Cov_i g_i(theta) of the minibatch
+        force (population covariance over all N rows, batches drawn with replacement).
+
+        A testing device (NOGIN's Lemma 2 needs the exact Sigma): it costs a full pass over
+        the data. Only for a single ``pm.Minibatch`` source.
+        """
+        if len(self.sources) != 1:
+            raise ModelError("the exact noise covariance needs exactly one pm.Minibatch call")
+        row_grad, (single,) = self._row_gradient
+        all_rows = pt.arange(self.sources[0].total_size, dtype="int64")[:, None]
+        rows = vectorize_graph(row_grad, {single: all_rows})  # (N, D), each (N/n) g_i
+        rows = clone_replace(rows, {self.theta: theta})
+        centred = rows - rows.mean(axis=0)
+        # Cov_pop of the scaled rows is (N/n)^2 Cov_pop(g): Sigma = n Cov_pop(scaled rows).
+        n_rows = centred.shape[0].astype(centred.dtype)
+        return DenseCovariance(self.batch_size * (centred.T @ centred) / n_rows, self.dim)
 
     def largest_curvature(
         self, theta: np.ndarray, rng: np.random.Generator, iterations: int = 30
@@ -428,7 +455,166 @@ class SGModel:
             )
 
 
-class NoiseCovariance:
+THETA_TAYLOR = np.array(
+    # Al-Mohy & Higham (2011), Table 3.1, double precision: the largest ||A|| / s for which
+    # the degree-m Taylor polynomial of exp meets the backward-error tolerance 2^-53.
+    [2.22045e-16, 2.58096e-8, 1.38635e-5, 3.39717e-4, 2.40088e-3, 9.06566e-3, 2.38446e-2,
+     4.99123e-2, 8.95776e-2, 0.144183, 0.214236, 0.299616, 0.399778, 0.513915, 0.641084,
+     0.780287, 0.930533, 1.09086, 1.26038, 1.43825, 1.62372, 1.81608, 2.01471, 2.21905,
+     2.42858, 2.64285, 2.86145, 3.084, 3.31017, 3.53967]
+)  # fmt: skip
+
+
+class Covariance:
+    """A symmetric positive semi-definite D x D operator: the minibatch-force covariance in one
+    of three forms (low-rank from the per-observation gradients, dense, diagonal)."""
+
+    dim: int
+
+    def matvec(self, v: Variable) -> Variable:
+        raise NotImplementedError
+
+    def trace(self) -> Variable:
+        raise NotImplementedError
+
+    def diagonal(self) -> Variable:
+        raise NotImplementedError
+
+    def dense(self) -> Variable:
+        raise NotImplementedError
+
+    def solve_shifted(self, alpha, b, v: Variable) -> Variable:
+        """(alpha I + b Sigma)^{-1} v for alpha > 0, b >= 0 (NOGIN's damping solve)."""
+        return pt.linalg.solve(
+            alpha * pt.eye(self.dim) + b * self.dense(), v, assume_a="pos", check_finite=False
+        )
+
+    def solve_shifted_cg(self, alpha, b, v: Variable, iterations: int = 50) -> Variable:
+        """The same solve by conjugate gradients, with matrix-vector products only.
+
+        A fixed number of iterations (the matrix is well conditioned: its eigenvalues lie in
+        [alpha, alpha + b lambda_max]); converged directions are left unchanged."""
+
+        def apply(x):
+            return alpha * x + b * self.matvec(x)
+
+        def cg_step(x, r, d, rr):
+            ad = apply(d)
+            step = pt.switch(rr > 0, rr / pt.dot(d, ad), 0.0)
+            x = x + step * d
+            r = r - step * ad
+            rr_new = pt.dot(r, r)
+            d = r + pt.switch(rr > 0, rr_new / rr, 0.0) * d
+            return x, r, d, rr_new
+
+        x0 = v / alpha
+        r0 = v - apply(x0)
+        outputs = pytensor.scan(
+            cg_step,
+            outputs_info=[x0, r0, r0, pt.dot(r0, r0)],
+            n_steps=iterations,
+            return_updates=False,
+        )
+        return outputs[0][-1]
+
+    def largest_eigenvalue_bound(self, start: Variable, iterations: int = 6) -> Variable:
+        """A cheap upper estimate of lambda_max(Sigma): 1.5 times a few power iterations from
+        ``start``, capped by tr(Sigma) (a guaranteed bound for PSD Sigma)."""
+
+        def power(x):
+            y = self.matvec(x)
+            return y / pt.maximum(pt.sqrt(pt.dot(y, y)), 1e-300)
+
+        x = start / pt.maximum(pt.sqrt(pt.dot(start, start)), 1e-300)
+        for _ in range(iterations):
+            x = power(x)
+        rayleigh = pt.dot(x, self.matvec(x))
+        return pt.minimum(1.5 * rayleigh, self.trace())
+
+    def expm_matvec(self, scale, v: Variable, max_degree: int = len(THETA_TAYLOR)):
+        """exp(scale * Sigma) v for scale <= 0, with only products Sigma x (mCCAdL eqs. 18-22).
+
+        Shift by mu = scale tr(Sigma) / D, then exp(mu) (T_m(M / s))^s v with M the shifted
+        matrix and T_m the degree-m Taylor polynomial; (m, s) minimise the number m s of
+        products subject to ||M|| / s <= theta_m (Al-Mohy & Higham 2011, Algorithm 3.2). The
+        eigenvalues of M lie in [scale (lambda_max - tr/D), -scale tr/D], so
+        ||M||_2 <= |scale| max(lambda_max - tr/D, tr/D), with lambda_max from
+        :meth:`largest_eigenvalue_bound` (power iterations with a 1.5 safety factor, capped by
+        the trace: the trace alone, though guaranteed, over-estimates by up to a factor D and
+        multiplies the cost accordingly). Returns (result, s, m).
+        """
+        dim = self.dim
+        tr = self.trace()
+        mu = scale * tr / dim
+        lam = self.largest_eigenvalue_bound(v)
+        bound = pt.abs(scale) * pt.maximum(lam - tr / dim, tr / dim)
+        degrees = np.arange(1, max_degree + 1)
+        scalings = pt.maximum(1.0, pt.ceil(bound / THETA_TAYLOR[:max_degree]))
+        best = pt.argmin(degrees * scalings)
+        m = pt.as_tensor(degrees)[best]
+        s = scalings[best].astype("int64")
+
+        def taylor_term(acc, term, j):
+            # One product of the flat loop over s blocks of m Taylor terms.
+            j = j + 1
+            term = (scale * self.matvec(term) - mu * term) / (s * j)
+            acc = acc + term
+            done = pt.eq(j, m)
+            return acc, pt.switch(done, acc, term), pt.switch(done, 0, j)
+
+        acc, _, _ = pytensor.scan(
+            taylor_term,
+            outputs_info=[v, v, pt.constant(0, dtype="int64")],
+            n_steps=s * m,
+            return_updates=False,
+        )
+        return pt.exp(mu) * acc[-1], s, m
+
+
+class DenseCovariance(Covariance):
+    """Sigma held as a D x D matrix (CCAdL's full moving average, the exact Sigma)."""
+
+    def __init__(self, matrix: Variable, dim: int):
+        self.matrix = matrix
+        self.dim = dim
+
+    def matvec(self, v):
+        return self.matrix @ v
+
+    def trace(self):
+        return pt.trace(self.matrix)
+
+    def diagonal(self):
+        return pt.diagonal(self.matrix)
+
+    def dense(self):
+        return self.matrix
+
+
+class DiagonalCovariance(Covariance):
+    """Sigma approximated by its diagonal (O(D) storage and products)."""
+
+    def __init__(self, diagonal: Variable, dim: int):
+        self.diag = diagonal
+        self.dim = dim
+
+    def matvec(self, v):
+        return self.diag * v
+
+    def trace(self):
+        return pt.sum(self.diag)
+
+    def diagonal(self):
+        return self.diag
+
+    def dense(self):
+        return pt.diag(self.diag)
+
+    def solve_shifted(self, alpha, b, v):
+        return v / (alpha + b * self.diag)
+
+
+class NoiseCovariance(Covariance):
     """Covariance Sigma of the minibatch force, from the per-observation gradients of one batch.
 
     With rows ``G_i = (N/n) g_i`` (the scaled per-observation gradients) and their centred
@@ -464,6 +650,32 @@ class NoiseCovariance:
         if self.is_zero:
             return pt.constant(0.0)
         return self.scale * pt.sum(self.centred**2)
+
+    def diagonal(self) -> Variable:
+        if self.is_zero:
+            return pt.zeros(self.dim)
+        return self.scale * pt.sum(self.centred**2, axis=0)
+
+    def as_form(self, form: str) -> Covariance:
+        """The same Sigma as "lowrank" (this object), "full" (D x D) or "diag"."""
+        if form == "lowrank" or self.is_zero:
+            return self
+        if form == "full":
+            return DenseCovariance(self.dense(), self.dim)
+        if form == "diag":
+            return DiagonalCovariance(self.diagonal(), self.dim)
+        raise ValueError(f"covariance form must be 'lowrank', 'full' or 'diag', got {form!r}")
+
+    def solve_shifted(self, alpha, b, v: Variable) -> Variable:
+        """(alpha I + b Sigma)^{-1} v: a D x D solve when D <= n, else Woodbury through the
+        n x n system (alpha/(b c) I + Gc Gc^T), Sigma = c Gc^T Gc."""
+        if self.is_zero:
+            return v / alpha
+        if self.dim <= self.n_rows:
+            return super().solve_shifted(alpha, b, v)
+        small = alpha / (b * self.scale) * pt.eye(self.n_rows) + self.centred @ self.centred.T
+        inner = pt.linalg.solve(small, self.centred @ v, assume_a="pos", check_finite=False)
+        return (v - self.centred.T @ inner) / alpha
 
     def sqrt_shifted_matvec(self, a, b, v: Variable) -> tuple[Variable, Variable]:
         """(a I - b Sigma)^{1/2} v, and the smallest eigenvalue of a I - b Sigma.
