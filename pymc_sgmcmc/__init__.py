@@ -1,7 +1,26 @@
 """Stochastic-gradient MCMC for PyMC: ``pm.sample(step=SGLD(step_size=...))``."""
 
 from pymc_sgmcmc.model_layer import ModelError
-from pymc_sgmcmc.samplers import MSGLD, SGHMC, SGLD, SGNHT, PolynomialDecay
+from pymc_sgmcmc.samplers import (
+    MSGLD,
+    NOGIN,
+    SGHMC,
+    SGLD,
+    SGNHT,
+    CCAdL,
+    MCCAdL,
+    PolynomialDecay,
+)
 
-__all__ = ["MSGLD", "SGHMC", "SGLD", "SGNHT", "ModelError", "PolynomialDecay"]
+__all__ = [
+    "MSGLD",
+    "NOGIN",
+    "SGHMC",
+    "SGLD",
+    "SGNHT",
+    "CCAdL",
+    "MCCAdL",
+    "ModelError",
+    "PolynomialDecay",
+]
 __version__ = "0.1.0"
