@@ -9,7 +9,8 @@ step-method contract (``PLATFORM_NOTES.md``):
   the chain's own generator: runs are reproducible whatever ``cores`` is, and every chain has
   its own minibatch stream;
 * ``astep`` hands out the stored draws of a block one by one (every ``thin``-th step);
-* a non-finite state, or a position beyond ``divergence_threshold``, flags ``diverging``;
+* a non-finite state, a position beyond ``divergence_threshold`` or a collapse of the
+  minibatch log-density far below the best seen flags ``diverging``;
   the chain restarts from its last sane draw (with
   fresh auxiliary variables) instead of producing garbage, and a warning says which step size to
   try;
@@ -76,6 +77,8 @@ class SGMCMCState(StepMethodState):
     cursor: int
     last_draw: np.ndarray | None
     chain_start: np.ndarray | None
+    block_cap: int | None
+    best_logp: float
     draws_left: int | None
 
 
@@ -99,9 +102,11 @@ class SGMCMC(ArrayStepShared):
         own ``compile_kwargs`` to a user-built step).
     divergence_threshold : float, default 1e10
         A step whose position has a coordinate beyond this magnitude (in the unconstrained
-        space), or any non-finite state, is divergent. An unstable step size makes the chain
-        grow geometrically; this catches it long before floating-point overflow. Raise it for
-        models whose parameters are legitimately that large.
+        space), or any non-finite state, is divergent; so is a step whose minibatch
+        log-density falls more than max(1e4, 10 |best|) below the best seen in the chain. An
+        unstable step size makes the chain grow geometrically; these catch it long before
+        floating-point overflow. Raise the threshold for models whose parameters are
+        legitimately that large.
     rng : RandomGenerator, optional
         Replaced per chain by ``pm.sample``'s ``random_seed``.
     """
@@ -318,6 +323,8 @@ class SGMCMC(ArrayStepShared):
         self.last_draw = None
         self.chain_start = None
         self.draws_left = draws
+        self.block_cap = None
+        self.best_logp = -np.inf
 
     def reset_tuning(self) -> None:
         """Tuning is burn-in only: the kernel does not change during ``tune``."""
@@ -378,6 +385,8 @@ class SGMCMC(ArrayStepShared):
             n_draws = min(n_draws, self.draws_left)
         if self.tune and self.tune_left > 0:
             n_draws = min(n_draws, self.tune_left)  # a block never straddles the end of tuning
+        if self.block_cap is not None:
+            n_draws = min(n_draws, self.block_cap)  # short blocks after a divergence
         n_steps = n_draws * self.thin
         step_index = self.step_count + np.arange(n_steps)
         h = np.asarray(self.step_sizes(step_index), dtype=config.floatX)
@@ -395,13 +404,33 @@ class SGMCMC(ArrayStepShared):
         }
         for name in self._integrator_stat_names():
             buffer[name] = buffer[name].astype(self.stats_dtypes_shapes[name][0])
+        sane &= ~self._runaway(logps)
         if sane.all():
             self.chain_state = dict(zip(names, final, strict=True))
             self.step_count += n_steps
+            self.best_logp = max(self.best_logp, float(np.max(logps)))
+            if self.block_cap is not None:
+                self.block_cap = (
+                    None if 2 * self.block_cap >= self.block_draws else 2 * self.block_cap
+                )
         else:
-            buffer = self._truncate_at_divergence(buffer, theta, int(np.argmin(sane)))
+            bad = int(np.argmin(sane))
+            self.block_cap = max(1, bad // self.thin)
+            buffer = self._truncate_at_divergence(buffer, theta, bad)
         self.buffer = buffer
         self.cursor = 0
+
+    def _runaway(self, logps: np.ndarray) -> np.ndarray:
+        """Steps whose minibatch log-density fell far below the best seen in this chain.
+
+        An unstable chain grows geometrically and its log-density collapses long before the
+        position overflows. The margin, max(1e4, 10 |best|), is far beyond the minibatch
+        fluctuations of the estimate (about N/sqrt(n) times the per-row spread).
+        """
+        best = max(self.best_logp, float(logps[0]) if np.isfinite(logps[0]) else -np.inf)
+        if not np.isfinite(best):
+            return np.zeros(logps.shape, dtype=bool)
+        return logps < best - max(1e4, 10 * abs(best))
 
     def _truncate_at_divergence(self, buffer: dict, start: np.ndarray, bad_step: int) -> dict:
         """Keep the draws before the first divergent step; the next draw repeats the last

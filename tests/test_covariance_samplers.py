@@ -1,0 +1,124 @@
+"""CCAdL, mCCAdL and NOGIN against their papers' claims."""
+
+from __future__ import annotations
+
+import arviz as az
+import numpy as np
+import pymc as pm
+import pytest
+from checks import Z_TOLERANCE, gaussian_check, posterior_draws
+from models import GaussianRegression
+
+from pymc_sgmcmc import NOGIN, CCAdL, MCCAdL
+
+SAMPLE_KWARGS = dict(progressbar=False, compute_convergence_checks=False)
+
+
+def lemma2_problem(batch_size):
+    # ALGORITHMS.md / issue: N = 2,000, D = 3, h = 0.5 min posterior sd.
+    return GaussianRegression.make(n_obs=2000, dim=3, batch_size=batch_size, seed=11)
+
+
+def lemma2_step_size(problem):
+    return 0.5 * np.sqrt(np.linalg.eigvalsh(problem.cov).min())
+
+
+@pytest.mark.parametrize("batch_size, draws", [(1000, 4000), (50, 6000)])
+def test_nogin_exact_for_gaussian_at_any_noise_level(batch_size, draws):
+    # Lemma 2 (Matthews & Weare): with the exact noise covariance, NOGIN's position marginal is
+    # the exact posterior whatever the batch size. The noise grows 20x from n = 1000 to 50;
+    # the damping slows mixing (ESS ~ 1,000-3,000), not the accuracy.
+    problem = lemma2_problem(batch_size)
+    h = lemma2_step_size(problem)
+    with problem.model():
+        step = NOGIN(step_size=h, friction=1.0, noise_covariance="exact", thin=5)
+        idata = pm.sample(
+            draws=draws, tune=500, step=step, chains=2, random_seed=5, **SAMPLE_KWARGS
+        )
+    check = gaussian_check(posterior_draws(idata, "w"), problem.mean, problem.cov)
+    assert check.passes(), check.describe()
+    assert check.ess_var.min() > 800, check.describe()
+
+
+def test_mccadl_and_ccadl_thermostat_settle_at_friction():
+    # CCAdL's Proposition 2 in practice: with the noise removed by the covariance term, the
+    # thermostat's long-run mean is A and the kinetic temperature 1 (errors in standard errors
+    # from the ESS of each stat). Small noise h^2 Sigma ~ 0.01, where the Euler scheme's
+    # first-order terms are small.
+    problem = GaussianRegression.make(n_obs=1000, dim=2, batch_size=500)
+    for cls in (CCAdL, MCCAdL):
+        with problem.model():
+            step = cls(step_size=2e-3, friction=5.0, thin=5)
+            idata = pm.sample(
+                draws=6000, tune=500, step=step, chains=2, random_seed=8, **SAMPLE_KWARGS
+            )
+        for stat, target in [("thermostat", 5.0), ("kinetic_temperature", 1.0)]:
+            x = idata.sample_stats[stat].values
+            se = x.std() / np.sqrt(az.ess(x, method="mean"))
+            assert abs(x.mean() - target) < Z_TOLERANCE * se + 0.02 * target, (
+                cls,
+                stat,
+                x.mean(),
+                se,
+            )
+
+
+def w2_gaussian(draws: np.ndarray, mean: np.ndarray, cov: np.ndarray) -> tuple[float, float]:
+    """2-Wasserstein distance between N(draw mean, draw cov) and N(mean, cov), and the
+    variance ratio tr(C) / tr(S)."""
+    from scipy.linalg import sqrtm
+
+    m, c = draws.mean(0), np.cov(draws.T)
+    root = sqrtm(cov)
+    cross = sqrtm(root @ c @ root).real
+    w2 = np.sum((m - mean) ** 2) + np.trace(cov + c - 2 * cross)
+    return float(np.sqrt(max(w2, 0.0))), float(np.trace(c) / np.trace(cov))
+
+
+@pytest.fixture(scope="module")
+def mccadl_regression():
+    # mCCAdL section 3.1: N = 10,000, D = 100, n = 500, prior N(0, 10 I).
+    return GaussianRegression.make(n_obs=10_000, dim=100, batch_size=500, prior_sd=np.sqrt(10))
+
+
+@pytest.mark.parametrize("name", ["MCCAdL", "NOGIN", "CCAdL", "SGHMC"])
+def test_stability_at_large_step_size(mccadl_regression, name):
+    # h = 5e-3, A = 1, 4,000 steps (200 passes) from the posterior mean; the second half kept.
+    # mCCAdL and NOGIN: no divergence and W2 near the 0.05 the plain algorithms reach (their
+    # variance ratio, ~1.5-1.9, is the sample-covariance inflation the issue's beyond-the-
+    # papers item targets). CCAdL and SGHMC blow up, and that is reported as `diverging`,
+    # never as non-finite draws.
+    from pymc_sgmcmc import SGHMC
+
+    problem = mccadl_regression
+    factory = {"MCCAdL": MCCAdL, "NOGIN": NOGIN, "CCAdL": CCAdL, "SGHMC": SGHMC}[name]
+    with problem.model():
+        step = factory(step_size=5e-3, friction=1.0)
+        with pytest.warns(RuntimeWarning) if name in ("CCAdL", "SGHMC") else _no_warning():
+            idata = pm.sample(
+                draws=4000,
+                tune=0,
+                step=step,
+                chains=1,
+                random_seed=1,
+                initvals={"w": problem.mean},
+                **SAMPLE_KWARGS,
+            )
+    draws = idata.posterior["w"].values[0]
+    assert np.isfinite(draws).all()
+    divergences = int(idata.sample_stats["diverging"].sum())
+    if name in ("MCCAdL", "NOGIN"):
+        assert divergences == 0
+        w2, ratio = w2_gaussian(draws[2000:], problem.mean, problem.cov)
+        print(name, "W2", w2, "variance ratio", ratio)
+        assert w2 < 0.06 and ratio < 2.0
+    else:
+        assert divergences > 1000
+
+
+class _no_warning:
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *args):
+        return False
