@@ -12,7 +12,7 @@ import pytest
 from checks import Z_TOLERANCE, gaussian_check, posterior_draws
 from models import GaussianRegression
 
-from pymc_sgmcmc import MSGLD, SGHMC, SGLD, SGNHT, PolynomialDecay
+from pymc_sgmcmc import MSGLD, NOGIN, SGHMC, SGLD, SGNHT, CCAdL, MCCAdL, PolynomialDecay
 
 SAMPLE_KWARGS = dict(progressbar=False, compute_convergence_checks=False)
 
@@ -35,6 +35,9 @@ SAMPLERS = {
     "MSGLD": lambda: MSGLD(step_size=1e-5),
     "SGHMC": lambda: SGHMC(step_size=1e-3, friction=10.0),
     "SGNHT": lambda: SGNHT(step_size=3e-3, friction=10.0),
+    "CCAdL": lambda: CCAdL(step_size=1e-3, friction=10.0),
+    "MCCAdL": lambda: MCCAdL(step_size=1e-3, friction=10.0),
+    "NOGIN": lambda: NOGIN(step_size=1e-3, friction=10.0),
 }
 
 
