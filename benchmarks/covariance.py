@@ -58,9 +58,11 @@ def w2_gaussian(draws, mean, cov):
     return float(np.sqrt(max(w2, 0.0))), float(np.trace(c) / np.trace(cov))
 
 
-def run(problem, factory, steps, thin=1, seed=1):
-    with problem.model():
-        step = factory()
+def run(problem, factory, steps, thin=1, seed=1, model=None):
+    """Sample ``steps`` steps; ``factory`` builds the step inside the model (or is a step
+    built in ``model``)."""
+    with model or problem.model():
+        step = factory() if callable(factory) else factory
         idata = pm.sample(
             draws=steps // thin,
             tune=0,
@@ -85,11 +87,10 @@ def cost_table(lines):
         for name in ("SGLD", "SGNHT", "CCAdL", "mCCAdL", "NOGIN"):
             h = 1e-3 if dim == 100 else 3e-4
 
-            def factory(name=name, h=h):
-                return make(name, h, 1.0, thin=10)
-
-            run(problem, factory, 200, thin=10)  # compile, warm up
-            idata = run(problem, factory, 4000, thin=10, seed=2)
+            with problem.model() as model:
+                step = make(name, h, 1.0, thin=10)
+            run(problem, step, 200, thin=10, model=model)  # compile, warm up the same step
+            idata = run(problem, step, 4000, thin=10, seed=2, model=model)
             rates[name] = 4000 / idata.posterior.attrs["sampling_time"]
             extra = ""
             if name == "mCCAdL":
