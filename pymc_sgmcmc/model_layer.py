@@ -247,10 +247,9 @@ class SGModel:
                 )
         self._fixed_terms = [*model.free_RVs, *fixed_obs, *model.potentials]
 
-    def _slice_replacements(
-        self, indices: Sequence[Variable], graphs: Sequence[Variable]
-    ) -> dict[Variable, Variable]:
-        """Map every minibatch output in ``graphs`` to ``data[index]`` with our own index input.
+    def _slice_replacements(self, rows, graphs: Sequence[Variable]) -> dict[Variable, Variable]:
+        """Map every minibatch output in ``graphs`` to ``rows(k, j, data)``: the rows of data
+        array j of source k that the graph should see (our own indexing or placeholders).
 
         Graph clones (e.g. by ``replace_rvs_by_values``) copy the MinibatchOp node but not its
         data inputs, so nodes are matched to their source through the data they slice.
@@ -263,11 +262,13 @@ class SGModel:
                 if len(node.inputs) == len(s.node.inputs)
                 and all(a is b for a, b in zip(node.inputs[:-1], s.node.inputs[:-1], strict=True))
             )
-            for out, data in zip(node.outputs[:-1], self.sources[k].shared_data, strict=True):
-                replace[out] = data[indices[k]]
+            for j, (out, data) in enumerate(
+                zip(node.outputs[:-1], self.sources[k].shared_data, strict=True)
+            ):
+                replace[out] = rows(k, j, data)
         return replace
 
-    def _row_terms(self, indices: Sequence[Variable]) -> list[Variable]:
+    def _row_terms(self, rows) -> list[Variable]:
         """Per-observation log-likelihood terms, one (n,) vector per observed variable.
 
         The slicing is replaced in the *random-variable* graphs, before PyMC derives their
@@ -285,7 +286,7 @@ class SGModel:
             observed, rvs_to_values=free, rvs_to_transforms=model.rvs_to_transforms
         )
         values = [model.rvs_to_values[obs] for obs in observed]
-        replace = self._slice_replacements(indices, [*in_values, *values])
+        replace = self._slice_replacements(rows, [*in_values, *values])
         sliced = clone_replace([*in_values, *values], replace, rebuild_strict=False)
         new_rvs, new_values = sliced[: len(observed)], sliced[len(observed) :]
         terms = transformed_conditional_logp(
@@ -310,15 +311,18 @@ class SGModel:
         point = model.initial_point()
         point = {v.name: point[v.name] for v in self.value_vars}
         fixed = model.logp(vars=self._fixed_terms) if self._fixed_terms else pt.constant(0.0)
-        batch_rows = self._row_terms(self.indices)
+        batch_rows = self._row_terms(lambda k, j, data: data[self.indices[k]])
         batch = pt.sum([r.sum() for r in batch_rows]) if batch_rows else pt.constant(0.0)
 
-        # One-observation graph: the same terms with batches of size one. Its total_size
-        # scaling is N/1 instead of N/n, hence the 1/n below.
-        single = tuple(
-            pt.vector(f"row_index_{k}", dtype="int64", shape=(1,)) for k in range(len(self.sources))
-        )
-        row_terms = self._row_terms(single)
+        # One-observation graph: the same terms on a batch of one row, a placeholder per data
+        # array (vectorising over gathered rows avoids a batched indexing loop). Its
+        # total_size scaling is N/1 instead of N/n, hence the 1/n below.
+        single = {
+            (k, j): data.type.clone(shape=(1, *data.type.shape[1:]))(f"row_{k}_{j}")
+            for k, source in enumerate(self.sources)
+            for j, data in enumerate(source.shared_data)
+        }
+        row_terms = self._row_terms(lambda k, j, data: single[(k, j)])
         row_lp = pt.sum([r.sum() for r in row_terms]) if row_terms else None
 
         outputs = [fixed, batch] + ([row_lp] if row_lp is not None else [])
@@ -335,7 +339,11 @@ class SGModel:
             row_grad = pt.grad(joined[2], theta) / self.batch_size
             self._row_gradient = (row_grad, single)
             self.per_observation_gradients = vectorize_graph(
-                row_grad, {s: idx[:, None] for s, idx in zip(single, self.indices, strict=True)}
+                row_grad,
+                {
+                    row: self.sources[k].shared_data[j][self.indices[k]][:, None]
+                    for (k, j), row in single.items()
+                },
             )
         else:
             self.per_observation_gradients = None
@@ -382,9 +390,9 @@ class SGModel:
         """
         if len(self.sources) != 1:
             raise ModelError("the exact noise covariance needs exactly one pm.Minibatch call")
-        row_grad, (single,) = self._row_gradient
-        all_rows = pt.arange(self.sources[0].total_size, dtype="int64")[:, None]
-        rows = vectorize_graph(row_grad, {single: all_rows})  # (N, D), each (N/n) g_i
+        row_grad, single = self._row_gradient
+        all_rows = {row: self.sources[0].shared_data[j][:, None] for (_, j), row in single.items()}
+        rows = vectorize_graph(row_grad, all_rows)  # (N, D), each (N/n) g_i
         rows = clone_replace(rows, {self.theta: theta})
         centred = rows - rows.mean(axis=0)
         # Cov_pop of the scaled rows is (N/n)^2 Cov_pop(g): Sigma = n Cov_pop(scaled rows).
