@@ -122,11 +122,15 @@ class SGHMC(SGMCMC):
         }
         return self.carried(new, stats)
 
+    def _reset_chain(self, tune, draws):
+        super()._reset_chain(tune, draws)
+        self.warned_clipped = False
+
     def _fill_buffer(self, theta):
         super()._fill_buffer(theta)
         clipped = self.buffer["noise_clipped"]
-        if clipped.any() and not getattr(self, "_warned_clipped", False):
-            self._warned_clipped = True
+        if clipped.any() and not self.warned_clipped:
+            self.warned_clipped = True
             warnings.warn(
                 f"SGHMC: A*I - (h/2)*Sigma_hat was not positive semi-definite at "
                 f"{int(clipped.sum())} of {clipped.size} draws (friction A={self.friction}, "
