@@ -38,7 +38,7 @@ from rich.table import Column
 
 from pymc_sgmcmc.model_layer import SGModel
 
-__all__ = ["SGMCMC", "SGMCMCState", "Step", "positive"]
+__all__ = ["SGMCMC", "SGMCMCState", "Step", "Thermostatted", "positive"]
 
 
 class Step(NamedTuple):
@@ -459,3 +459,18 @@ class SGMCMC(ArrayStepShared):
                 stacklevel=2,
             )
         return kept
+
+
+class Thermostatted(SGMCMC):
+    """Base of the samplers with momentum and a Nosé-Hoover thermostat (SGNHT, CCAdL, mCCAdL).
+
+    At a chain (re)start the momentum is drawn from N(0, I) and xi = A (the papers' xi_0);
+    the thermostat mass defaults to D (the papers' mu)."""
+
+    friction: float
+
+    def _set_thermostat_mass(self, mass: float | None) -> None:
+        self.thermostat_mass = positive("thermostat_mass", self.dim if mass is None else mass)
+
+    def initial_auxiliary(self, rng):
+        return {"momentum": rng.standard_normal(self.dim), "thermostat": np.array(self.friction)}

@@ -7,7 +7,7 @@ from typing import Literal
 import numpy as np
 import pytensor.tensor as pt
 
-from pymc_sgmcmc.base import SGMCMC, positive
+from pymc_sgmcmc.base import SGMCMC, Thermostatted, positive
 from pymc_sgmcmc.operators import drift, kinetic_temperature, thermostat
 
 __all__ = ["CCAdL"]
@@ -17,7 +17,7 @@ __all__ = ["CCAdL"]
 FULL_COVARIANCE_MAX_DIM = 50
 
 
-class CCAdL(SGMCMC):
+class CCAdL(Thermostatted):
     r"""Covariance-controlled adaptive Langevin (Shang et al. 2015, Algorithm 1).
 
     SGNHT with an extra damping that removes the estimated minibatch-gradient noise
@@ -109,15 +109,11 @@ class CCAdL(SGMCMC):
         if covariance is None:
             covariance = "full" if self.dim <= FULL_COVARIANCE_MAX_DIM else "diag"
         self.covariance = covariance
-        mass = self.dim if thermostat_mass is None else thermostat_mass
-        self.thermostat_mass = positive("thermostat_mass", mass)
+        self._set_thermostat_mass(thermostat_mass)
 
     def initial_auxiliary(self, rng):
-        return {
-            "momentum": rng.standard_normal(self.dim),
-            "thermostat": np.array(self.friction),
-            "count": np.array(1.0),  # the average starts as the first estimate (kappa_1 = 1)
-        }
+        # The average starts as the first estimate (kappa_1 = 1).
+        return {**super().initial_auxiliary(rng), "count": np.array(1.0)}
 
     def evaluate(self, theta, indices, noise):
         force, logp, sigma = self.sg_model.force_logp_and_noise(theta, indices)

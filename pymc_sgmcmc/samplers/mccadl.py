@@ -6,13 +6,13 @@ from typing import Literal
 
 import numpy as np
 
-from pymc_sgmcmc.base import SGMCMC, Step, positive
+from pymc_sgmcmc.base import SGMCMC, Step, Thermostatted, positive
 from pymc_sgmcmc.operators import drift, kick, kinetic_temperature, ornstein_uhlenbeck, thermostat
 
 __all__ = ["MCCAdL"]
 
 
-class MCCAdL(SGMCMC):
+class MCCAdL(Thermostatted):
     r"""Modified covariance-controlled adaptive Langevin (Wei & Shang 2026, Algorithm 1).
 
     The symmetric splitting BAODCDOAB of the CCAdL dynamics (``ALGORITHMS.md`` section 6):
@@ -101,11 +101,7 @@ class MCCAdL(SGMCMC):
             raise ValueError(f"covariance must be 'lowrank', 'full' or 'diag', got {covariance!r}")
         self.covariance = covariance
         super().__init__(vars, **kwargs)
-        mass = self.dim if thermostat_mass is None else thermostat_mass
-        self.thermostat_mass = positive("thermostat_mass", mass)
-
-    def initial_auxiliary(self, rng):
-        return {"momentum": rng.standard_normal(self.dim), "thermostat": np.array(self.friction)}
+        self._set_thermostat_mass(thermostat_mass)
 
     def initial_evaluation(self, theta, indices, noise):
         return {}  # the force is evaluated at the top of each iteration

@@ -7,13 +7,13 @@ from typing import Literal
 import numpy as np
 import pytensor.tensor as pt
 
-from pymc_sgmcmc.base import SGMCMC, positive
+from pymc_sgmcmc.base import SGMCMC, Thermostatted, positive
 from pymc_sgmcmc.operators import drift, kick, kinetic_temperature, ornstein_uhlenbeck, thermostat
 
 __all__ = ["SGNHT"]
 
 
-class SGNHT(SGMCMC):
+class SGNHT(Thermostatted):
     r"""Stochastic gradient Nosé-Hoover thermostat / Adaptive Langevin.
 
     The SDE (``ALGORITHMS.md`` section 4) :math:`d\theta = p\,dt`,
@@ -89,11 +89,7 @@ class SGNHT(SGMCMC):
             raise ValueError(f"splitting must be 'BADODAB' or 'euler', got {splitting!r}")
         self.splitting = splitting
         super().__init__(vars, **kwargs)
-        mass = self.dim if thermostat_mass is None else thermostat_mass
-        self.thermostat_mass = positive("thermostat_mass", mass)
-
-    def initial_auxiliary(self, rng):
-        return {"momentum": rng.standard_normal(self.dim), "thermostat": np.array(self.friction)}
+        self._set_thermostat_mass(thermostat_mass)
 
     def integrate(self, state, indices, noise, h):
         step = self._badodab if self.splitting == "BADODAB" else self._euler
