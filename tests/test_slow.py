@@ -119,12 +119,18 @@ def test_nogin_lemma2_down_to_tiny_batches(batch_size):
 
 
 def test_nogin_estimated_sigma_inflates_variance_as_batches_shrink():
-    # With Sigma estimated from the minibatch the variance inflates as n shrinks (the
-    # sample covariance's spread): measured sd ratios ~1.04 at n = 100 and ~1.39 at n = 20
-    # (the NumPy transcription: 1.04 and 1.35). Both are > 10 se from 1.
-    ratios = {}
+    # With Sigma estimated from the minibatch the variance inflates as n shrinks (the sample
+    # covariance's spread; measured sd ratios ~1.04 at n = 100 and ~1.39 at n = 20, the issue's
+    # NumPy transcription gives 1.04 and 1.35). Asserted from the Monte Carlo error alone: each
+    # inflation is > 4 se above 1 (ESS of the variances 3,000-13,000), and n = 20 inflates more
+    # than n = 100 by > 4 combined se.
+    from checks import gaussian_check
+
+    checks = {}
     for n in (100, 20):
         problem, draws = nogin_run(n, "estimate")
-        ratios[n] = np.sqrt(np.diag(np.cov(draws.reshape(-1, 3).T)) / np.diag(problem.cov))
-    assert np.all((ratios[100] > 1.01) & (ratios[100] < 1.08)), ratios
-    assert np.all((ratios[20] > 1.25) & (ratios[20] < 1.5)), ratios
+        checks[n] = gaussian_check(draws, problem.mean, problem.cov)
+    for check in checks.values():
+        assert np.all(check.var_z > 1) and check.var_errors.min() > Z_TOLERANCE, check.describe()
+    se = np.hypot(*(np.sqrt(2 / c.ess_var) * c.var_z for c in checks.values()))
+    assert np.all(checks[20].var_z - checks[100].var_z > Z_TOLERANCE * se)
