@@ -36,7 +36,8 @@ from pytensor.tensor.variable import TensorVariable
 from rich.progress import TextColumn
 from rich.table import Column
 
-from pymc_sgmcmc.model_layer import SGModel
+from pymc_sgmcmc.adaptation import WindowVariance, adaptation_boundaries
+from pymc_sgmcmc.model_layer import ScaledTarget, SGModel
 
 __all__ = ["SGMCMC", "SGMCMCState", "Step", "Thermostatted", "positive"]
 
@@ -80,6 +81,12 @@ class SGMCMCState(StepMethodState):
     block_cap: int | None
     best_logp: float
     draws_left: int | None
+    step_size: float | None
+    scale: np.ndarray
+    thin: int
+    tune_drawn: int
+    boundaries: list
+    window: Any
 
 
 class SGMCMC(ArrayStepShared):
@@ -89,8 +96,19 @@ class SGMCMC(ArrayStepShared):
     ----------------------------------
     vars : list, optional
         Value variables; must be all of the model's (the default).
-    thin : int, default 1
+    thin : int, optional
         Integrator steps per stored draw. The stats of a stored draw are those of its last step.
+        Default: 1 when ``step_size`` is given; when the step size is adapted, the number of
+        steps in one relaxation time of the dynamics in the preconditioned coordinates
+        (``max(A, 1/A) / h`` for the momentum samplers, ``2 / epsilon`` for SGLD and mSGLD,
+        at most 1000), re-chosen with the step size during ``tune``, so that the default
+        ``draws`` give a useful effective sample size.
+    adapt_preconditioner : bool, default True
+        Estimate a diagonal preconditioner (mass matrix M = diag(sd^-2), sd the standard
+        deviations of the tuning draws) during ``tune``, in Stan's doubling windows; every
+        operator then runs in the coordinates theta / sd. With a user-given ``step_size`` the
+        sd are normalised to a largest value of 1, so that the step size keeps its meaning
+        in the widest coordinate and no coordinate becomes harder to integrate.
     block_steps : int, default 1000
         Integrator steps compiled into one call; draws are served from the block. Only speed
         depends on it (fewer Python round trips), not the draws.
@@ -128,7 +146,8 @@ class SGMCMC(ArrayStepShared):
         self,
         vars=None,
         *,
-        thin: int = 1,
+        thin: int | None = None,
+        adapt_preconditioner: bool = True,
         block_steps: int = 1000,
         model=None,
         mode=None,
@@ -141,16 +160,17 @@ class SGMCMC(ArrayStepShared):
         vars = list(model.value_vars) if vars is None else list(vars)
         self.sg_model = SGModel(model, vars)  # rejects anything but all value variables
         vars = self.sg_model.value_vars  # in the model's order, as PyMC ravels points
-        if int(thin) != thin or thin < 1:
+        if thin is not None and (int(thin) != thin or thin < 1):
             raise ValueError(f"thin must be a positive integer, got {thin}")
         if int(block_steps) != block_steps or block_steps < 1:
             raise ValueError(f"block_steps must be a positive integer, got {block_steps}")
-        self.thin = int(thin)
+        self.user_thin = None if thin is None else int(thin)
+        self.adapt_preconditioner = bool(adapt_preconditioner)
         self.divergence_threshold = positive("divergence_threshold", divergence_threshold)
         self.sg_model.check_factorisation()
         self.dim = self.sg_model.dim
         max_steps = max(1, _BLOCK_MEMORY_BYTES // (8 * self.dim))
-        self.block_draws = max(1, min(int(block_steps), max_steps) // self.thin)
+        self.block_steps = min(int(block_steps), max_steps)
         self.mode = mode
         self.compile_kwargs = dict(compile_kwargs or {})
         self._functions = None
@@ -158,27 +178,67 @@ class SGMCMC(ArrayStepShared):
         self._reset_chain(tune=0, draws=None)
 
     # ------------------------------------------------------------------ integrator interface
+    #: Step-size rule constants (see :meth:`adapted_step_size`), chosen per integrator.
+    stability_constant: ClassVar[float] = 0.5
+    noise_tolerance: ClassVar[float] = 0.5
+
+    def _set_step_size(self, step_size: float | None) -> None:
+        """``None``: adapt during ``tune``; otherwise the user's fixed step size."""
+        self.user_step_size = None if step_size is None else positive("step_size", step_size)
+
     def step_sizes(self, steps: np.ndarray) -> np.ndarray:
         """Step size of each global step index (constant unless a sampler has a schedule)."""
         return np.full(steps.shape, self.step_size)
+
+    def adapted_step_size(self, curvature: float, noise: float, phase: str) -> float:
+        r"""The step size for a preconditioned Hessian of largest eigenvalue ``curvature``
+        (:math:`\omega_{max}^2`) and a minibatch-force covariance of largest eigenvalue
+        ``noise`` (:math:`\sigma^2_{max}`), both in the preconditioned coordinates.
+
+        Momentum integrators: :math:`h = c/\omega_{max}` (the splittings are stable for
+        :math:`h\omega < 2`; ``stability_constant`` c keeps the discretisation bias small),
+        and, for the kernel kept after tuning (``phase="final"``), at most
+        :math:`2A\alpha/\sigma^2_{max}`: the per-step gradient-noise variance
+        :math:`h^2\sigma^2` is at most the fraction :math:`\alpha` (``noise_tolerance``) of the
+        injected :math:`2Ah` -- the analogue of Welling & Teh's sampling threshold. In the
+        intermediate windows (``"tuning"``) :math:`\alpha` is at least 1 (the draws only need
+        the right scale); in the ``"transient"`` from the starting point only
+        :math:`h\sigma_{max} \le 1/2` is kept, so that one kick's noise cannot overwhelm the
+        friction (the thermostat of SGNHT runs away beyond it).
+        """
+        h = self.stability_constant / np.sqrt(curvature)
+        if noise <= 0:
+            return h
+        if phase == "transient":
+            return min(h, 0.5 / np.sqrt(noise))
+        tolerance = self.noise_tolerance if phase == "final" else max(self.noise_tolerance, 1.0)
+        return min(h, 2.0 * self.friction * tolerance / noise)
+
+    def relaxation_steps(self, step_size: float) -> int:
+        """Integrator steps in one relaxation time of a unit-variance coordinate: the default
+        ``thin`` when the step size is adapted. Underdamped Langevin with friction A relaxes
+        in about max(A, 1/A) time units."""
+        return int(np.ceil(max(self.friction, 1.0 / self.friction) / step_size))
 
     def initial_auxiliary(self, rng: np.random.Generator) -> dict[str, np.ndarray]:
         """Values of the auxiliary variables (momentum, thermostat...) at a chain (re)start."""
         return {}
 
-    def evaluate(self, theta, indices, noise) -> dict[str, TensorVariable]:
+    def evaluate(self, theta, indices, noise, h) -> dict[str, TensorVariable]:
         """Quantities computed at a new position with one minibatch: here F and log-density.
 
-        Samplers whose noise depends on the gradient-noise covariance at the position (mSGLD,
-        SGHMC with B-hat) also prepare it here, from ``noise``, for the next step.
+        ``theta`` is the position in the preconditioned coordinates, and so are the force and
+        covariance of :attr:`target`. Samplers whose noise depends on the gradient-noise
+        covariance at the position (mSGLD, SGHMC with B-hat) also prepare it here, from
+        ``noise``, for the next step (of size ``h``).
         """
-        force, logp = self.sg_model.force_and_logp(theta, indices)
+        force, logp = self.target.force_and_logp(theta, indices)
         return {"force": force, "logp": logp}
 
-    def initial_evaluation(self, theta, indices, noise) -> dict[str, TensorVariable]:
+    def initial_evaluation(self, theta, indices, noise, h) -> dict[str, TensorVariable]:
         """Evaluated quantities carried in the state from one step to the next (the force of
         "first same as last" schemes). A chain (re)start computes them at its position."""
-        return self.evaluate(theta, indices, noise)
+        return self.evaluate(theta, indices, noise, h)
 
     def integrate(self, state, indices, noise, h) -> Step:
         """One integrator step from ``state`` (a dict of graphs)."""
@@ -197,7 +257,7 @@ class SGMCMC(ArrayStepShared):
     def step_size_hint(self, theta: np.ndarray, failed: float) -> float:
         """A step size to suggest after a divergence at step size ``failed``: the stability
         limit from the curvature at ``theta``, and at most half of ``failed``."""
-        curvature = self.sg_model.largest_curvature(theta, self.rng)
+        curvature, _ = self.sg_model.local_geometry(theta, self.scale, self.rng)
         if not np.isfinite(curvature) or curvature <= 0:
             return 0.5 * failed
         return min(self.stable_step_size(curvature), 0.5 * failed)
@@ -211,11 +271,16 @@ class SGMCMC(ArrayStepShared):
             for k, i in enumerate(ml.indices)
         ]
         noise = pt.tensor("noise", shape=(self.noise_vectors, self.dim))
-        evaluated = self.initial_evaluation(theta, indices, noise)
+        scale = pt.vector("scale", shape=(self.dim,))
+        h0 = pt.scalar("h")
+        self.target = ScaledTarget(ml, scale)
+        evaluated = self.initial_evaluation(theta, indices, noise, h0)
         kwargs = {"mode": self.mode, **self.compile_kwargs, "on_unused_input": "ignore"}
         init_fn = None
         if evaluated:
-            init_fn = self._function([theta, *indices, noise], list(evaluated.values()), kwargs)
+            init_fn = self._function(
+                [theta, *indices, noise, h0, scale], list(evaluated.values()), kwargs
+            )
 
         aux = self.initial_auxiliary(np.random.default_rng(0))
         names = ["theta", *evaluated, *aux]
@@ -240,11 +305,12 @@ class SGMCMC(ArrayStepShared):
             step = self.integrate(state, idx_t, noise_t, h_t)
             stat_names[:] = list(step.stats)
             new = [step.state[n] for n in names]
-            sane = pt.all([pt.all(pt.isfinite(v)) for v in [*new, step.draw]]) & (
-                pt.max(pt.abs(step.draw)) < self.divergence_threshold
+            draw = self.target.position(step.draw)
+            sane = pt.all([pt.all(pt.isfinite(v)) for v in [*new, draw]]) & (
+                pt.max(pt.abs(draw)) < self.divergence_threshold
             )
             stat_values = [pt.as_tensor(v).astype("float64") for v in step.stats.values()]
-            return [*new, step.draw, pt.as_tensor(step.logp), sane, *stat_values]
+            return [*new, draw, pt.as_tensor(step.logp), sane, *stat_values]
 
         n_stats = len(self._integrator_stat_names())
         outputs = pytensor.scan(
@@ -255,7 +321,7 @@ class SGMCMC(ArrayStepShared):
         )
         states, traces = outputs[: len(names)], outputs[len(names) :]
         block_fn = self._function(
-            [*(state0[n] for n in names), *index_seqs, noise_seq, h_seq],
+            [*(state0[n] for n in names), *index_seqs, noise_seq, h_seq, scale],
             [*(s[-1] for s in states), *traces],
             kwargs,
         )
@@ -280,6 +346,7 @@ class SGMCMC(ArrayStepShared):
         # Compiled functions are rebuilt lazily in each worker process (cores > 1).
         state = self.__dict__.copy()
         state["_functions"] = None
+        state.pop("target", None)
         return state
 
     # ------------------------------------------------------------------ PyMC contract
@@ -325,9 +392,16 @@ class SGMCMC(ArrayStepShared):
         self.draws_left = draws
         self.block_cap = None
         self.best_logp = -np.inf
+        self.step_size = self.user_step_size
+        self.scale = np.ones(self.dim)
+        self.thin = 1 if self.user_thin is None else self.user_thin
+        self.tune_drawn = 0
+        adapting = self.adapt_preconditioner or self.user_step_size is None
+        self.boundaries = adaptation_boundaries(tune) if adapting else []
+        self.window = WindowVariance(self.dim)
 
     def reset_tuning(self) -> None:
-        """Tuning is burn-in only: the kernel does not change during ``tune``."""
+        """Adaptation restarts with each chain (``setup_chain``); nothing to do here."""
 
     def stop_tuning(self) -> None:
         """End of burn-in: the next draw restarts the auxiliary variables (momentum, thermostat)
@@ -362,29 +436,92 @@ class SGMCMC(ArrayStepShared):
         if self.draws_left is not None:
             self.draws_left -= 1
         self.tune_left -= 1
+        if self.tune:
+            self._record_tuning_draw(draw, stats)
         return RaveledVars(draw, q0.point_map_info), [stats]
+
+    # ------------------------------------------------------------------ adaptation
+    @property
+    def adapts_step_size(self) -> bool:
+        return self.user_step_size is None
+
+    def _record_tuning_draw(self, draw: np.ndarray, stats: dict) -> None:
+        self.tune_drawn += 1
+        if not stats["diverging"]:
+            self.window.add(draw)
+        if self.boundaries and self.tune_drawn == self.boundaries[0][0]:
+            _, slow_window = self.boundaries.pop(0)
+            self._adapt(draw, slow_window)
+
+    def _adapt(self, theta: np.ndarray, slow_window: bool) -> None:
+        """End of an adaptation window: new preconditioner (slow windows), new step size, and
+        a restart of the integrator state at ``theta`` in the new coordinates."""
+        if slow_window and self.adapt_preconditioner:
+            scale = self.window.standard_deviations(self.scale)
+            # With an adapted step size the coordinates are theta / sd, in which a friction
+            # of 1 is about critical damping and the step-size rule reads in units of the
+            # posterior's width. A user's fixed step size is the step in the widest coordinate
+            # (scales normalised to a largest value of 1): every other coordinate only becomes
+            # easier to integrate.
+            self.scale = scale if self.adapts_step_size else scale / np.max(scale)
+        if self.adapts_step_size:
+            phase = "final" if not self.boundaries else "tuning" if slow_window else "transient"
+            self._set_kernel(self._choose_step_size(theta, phase))
+        self.window = WindowVariance(self.dim)
+        self.chain_state = None
+        self.buffer = None
+
+    def _initial_kernel(self, theta: np.ndarray) -> None:
+        """Chain start with an adapted step size. Before any draws, the preconditioner is
+        the curvature of each coordinate at the start, scale_i = H_ii^{-1/2} (the posterior
+        sd of a Gaussian with a diagonal precision), so that the friction and the step size
+        are measured against coordinates of about unit width from the first step.
+        Coordinates with no positive curvature there get the median of the others."""
+        if self.adapt_preconditioner:
+            diagonal = self.sg_model.curvature_diagonal(theta, self.rng)
+            usable = np.isfinite(diagonal) & (diagonal > 0)
+            if usable.any():
+                diagonal = np.where(usable, diagonal, np.median(diagonal[usable]))
+                self.scale = 1.0 / np.sqrt(diagonal)
+        self._set_kernel(self._choose_step_size(theta, "transient"))
+
+    def _choose_step_size(self, theta: np.ndarray, phase: str) -> float:
+        curvature, noise = self.sg_model.local_geometry(theta, self.scale, self.rng)
+        if not np.isfinite(curvature) or curvature <= 0:
+            # Not finite here (e.g. at a boundary of the support): a cautious halving.
+            return 0.5 * self.step_size if self.step_size else 1e-3
+        return self.adapted_step_size(curvature, noise if np.isfinite(noise) else 0.0, phase)
+
+    def _set_kernel(self, step_size: float) -> None:
+        self.step_size = float(step_size)
+        if self.user_thin is None:
+            self.thin = int(np.clip(self.relaxation_steps(self.step_size), 1, 1000))
 
     # ------------------------------------------------------------------ blocks
     def _initial_state(self, theta: np.ndarray) -> dict[str, np.ndarray]:
         init_fn, _, names, evaluated, _ = self.functions
-        state = {"theta": np.array(theta, dtype=config.floatX)}
+        state = {"theta": np.asarray(theta / self.scale, dtype=config.floatX)}
         if init_fn is not None:
             indices = [i[0] for i in self.sg_model.draw_indices(self.rng, 1)]
             noise = self.rng.standard_normal((self.noise_vectors, self.dim))
-            values = init_fn(state["theta"], *indices, noise)
+            values = init_fn(state["theta"], *indices, noise, self.step_size, self.scale)
             state.update(zip(evaluated, values, strict=True))
         state.update(self.initial_auxiliary(self.rng))
         return {n: state[n] for n in names}
 
     def _fill_buffer(self, theta: np.ndarray) -> None:
         _, block_fn, names, _, stat_names = self.functions
+        if self.step_size is None:
+            self._initial_kernel(theta)
         if self.chain_state is None:
             self.chain_state = self._initial_state(theta)
-        n_draws = self.block_draws
+        n_draws = max(1, self.block_steps // self.thin)
         if self.draws_left is not None and self.draws_left > 0:
             n_draws = min(n_draws, self.draws_left)
         if self.tune and self.tune_left > 0:
             n_draws = min(n_draws, self.tune_left)  # a block never straddles the end of tuning
+            if self.boundaries:  # nor an adaptation boundary
+                n_draws = min(n_draws, self.boundaries[0][0] - self.tune_drawn)
         if self.block_cap is not None:
             n_draws = min(n_draws, self.block_cap)  # short blocks after a divergence
         n_steps = n_draws * self.thin
@@ -392,7 +529,7 @@ class SGMCMC(ArrayStepShared):
         h = np.asarray(self.step_sizes(step_index), dtype=config.floatX)
         indices = self.sg_model.draw_indices(self.rng, n_steps)
         noise = self.rng.standard_normal((n_steps, self.noise_vectors, self.dim))
-        out = block_fn(*(self.chain_state[n] for n in names), *indices, noise, h)
+        out = block_fn(*(self.chain_state[n] for n in names), *indices, noise, h, self.scale)
         final, (thetas, logps, sane, *stats) = out[: len(names)], out[len(names) :]
         stored = slice(self.thin - 1, None, self.thin)
         buffer = {
@@ -411,7 +548,9 @@ class SGMCMC(ArrayStepShared):
             self.best_logp = max(self.best_logp, float(np.max(logps)))
             if self.block_cap is not None:
                 self.block_cap = (
-                    None if 2 * self.block_cap >= self.block_draws else 2 * self.block_cap
+                    None
+                    if 2 * self.block_cap * self.thin >= self.block_steps
+                    else (2 * self.block_cap)
                 )
         else:
             bad = int(np.argmin(sane))
@@ -446,7 +585,10 @@ class SGMCMC(ArrayStepShared):
                 values[j] = np.nan
         self.step_count += (j + 1) * self.thin
         self.chain_state = None  # restart from `last` with fresh auxiliary variables
-        if not self.warned:
+        if self.tune and self.adapts_step_size:
+            # Part of finding the step size: halve it; tuning draws are discarded anyway.
+            self._set_kernel(0.5 * h_bad)
+        elif not self.warned:
             self.warned = True
             warnings.warn(
                 f"{type(self).__name__} diverged (non-finite position, momentum or force, or "

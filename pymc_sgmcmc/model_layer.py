@@ -46,6 +46,7 @@ __all__ = [
     "ModelError",
     "NoiseCovariance",
     "SGModel",
+    "ScaledTarget",
 ]
 
 
@@ -184,6 +185,20 @@ def _check_observed(model: pm.Model, obs, sources: list[MinibatchSource]) -> Min
             "only the observation (first) axis can be minibatched."
         )
     return source
+
+
+def _power_iteration(matvec, start: np.ndarray, iterations: int) -> float:
+    """Largest |eigenvalue| of a symmetric operator (nan if it produces non-finite values)."""
+    x, estimate = start, np.nan
+    for _ in range(iterations):
+        norm = np.linalg.norm(x)
+        if not np.isfinite(norm) or norm == 0:
+            return float("nan") if not np.isfinite(norm) else 0.0
+        x = x / norm
+        y = matvec(x)
+        estimate = float(x @ y)
+        x = y
+    return abs(estimate)
 
 
 class SGModel:
@@ -399,27 +414,82 @@ class SGModel:
         n_rows = centred.shape[0].astype(centred.dtype)
         return DenseCovariance(self.batch_size * (centred.T @ centred) / n_rows, self.dim)
 
-    def largest_curvature(
-        self, theta: np.ndarray, rng: np.random.Generator, iterations: int = 30
-    ) -> float:
-        """Largest eigenvalue of the Hessian of -log p at ``theta`` (one minibatch's estimate),
-        by power iteration on Hessian-vector products. Used for step-size hints only."""
+    def local_geometry(
+        self,
+        theta: np.ndarray,
+        scale: np.ndarray,
+        rng: np.random.Generator,
+        batches: int = 4,
+        iterations: int = 20,
+    ) -> tuple[float, float]:
+        """The two numbers a step size is chosen from, in the coordinates phi = theta / scale.
+
+        Returns (curvature, noise): the largest eigenvalue of the Hessian of -log p,
+        S H S (S = diag(scale)), and the largest eigenvalue of the minibatch-force covariance,
+        S Sigma S, both at ``theta`` and averaged over ``batches`` minibatches (one
+        minibatch's Hessian over-estimates the largest eigenvalue). Power iteration on
+        Hessian-vector products (``iterations`` of them) and on the per-observation gradients:
+        a few dozen gradient evaluations, never a D x D matrix. ``noise`` is 0 without
+        ``pm.Minibatch``; either value is nan where the model is not finite at ``theta``.
+        """
+        hvp_fn, rows_fn = self._geometry_functions
+        idx = [i for i in self.draw_indices(rng, batches)]
+        batch_idx = [[i[b] for i in idx] for b in range(batches)]
+
+        def hessian(v):
+            return scale * np.mean([hvp_fn(theta, *ix, scale * v) for ix in batch_idx], axis=0)
+
+        curvature = _power_iteration(hessian, rng.standard_normal(self.dim), iterations)
+        if rows_fn is None:
+            return curvature, 0.0
+        noise = []
+        for ix in batch_idx:
+            rows = rows_fn(theta, *ix) * scale
+            centred = rows - rows.mean(axis=0)
+            n = len(rows)
+
+            def sigma(v, centred=centred, n=n):
+                return n / (n - 1.0) * (centred.T @ (centred @ v))
+
+            noise.append(_power_iteration(sigma, rng.standard_normal(self.dim), iterations))
+        return curvature, float(np.mean(noise))
+
+    def curvature_diagonal(
+        self, theta: np.ndarray, rng: np.random.Generator, batches: int = 4, probes: int = 64
+    ) -> np.ndarray:
+        """The diagonal of the Hessian of -log p at ``theta``, averaged over ``batches``
+        minibatches: exact from D Hessian-vector products up to D = ``probes``, above that
+        Hutchinson's estimate E[v * Hv] over ``probes`` Rademacher vectors."""
+        hvp_fn, _ = self._geometry_functions
+        idx = self.draw_indices(rng, batches)
+        batch_idx = [[i[b] for i in idx] for b in range(batches)]
+
+        def hessian(v):
+            return np.mean([hvp_fn(theta, *ix, v) for ix in batch_idx], axis=0)
+
+        if self.dim <= probes:
+            return np.array([hessian(e)[k] for k, e in enumerate(np.eye(self.dim))])
+        vs = rng.choice([-1.0, 1.0], size=(probes, self.dim))
+        return np.mean([v * hessian(v) for v in vs], axis=0)
+
+    @cached_property
+    def _geometry_functions(self):
         v = pt.vector("v", shape=(self.dim,))
         hvp = -pt.grad(pt.dot(self.force, v), self.theta)
-        fn = pytensor.function(
-            [self.theta, *self.indices, v], hvp, mode="FAST_COMPILE", on_unused_input="ignore"
-        )
-        idx = [i[0] for i in self.draw_indices(rng, 1)]
-        x = rng.standard_normal(self.dim)
-        estimate = np.nan
-        for _ in range(iterations):
-            x /= np.linalg.norm(x)
-            hx = fn(theta, *idx, x)
-            estimate = float(x @ hx)
-            if not np.all(np.isfinite(hx)):
-                return np.nan
-            x = hx
-        return abs(estimate)
+        kwargs = dict(mode="FAST_COMPILE", on_unused_input="ignore")
+        hvp_fn = pytensor.function([self.theta, *self.indices, v], hvp, **kwargs)
+        rows_fn = None
+        if self.per_observation_gradients is not None:
+            rows_fn = pytensor.function(
+                [self.theta, *self.indices], self.per_observation_gradients, **kwargs
+            )
+        return hvp_fn, rows_fn
+
+    def __getstate__(self):
+        # Compiled helpers are rebuilt where needed (pickled to worker processes).
+        state = self.__dict__.copy()
+        state.pop("_geometry_functions", None)
+        return state
 
     def draw_indices(self, rng: np.random.Generator, steps: int) -> list[np.ndarray]:
         """Row indices for ``steps`` consecutive minibatches, drawn with replacement.
@@ -489,6 +559,10 @@ class Covariance:
         raise NotImplementedError
 
     def dense(self) -> Variable:
+        raise NotImplementedError
+
+    def scaled(self, scale: Variable) -> Covariance:
+        """S Sigma S with S = diag(scale): the covariance in the coordinates theta / scale."""
         raise NotImplementedError
 
     def solve_shifted(self, alpha, b, v: Variable) -> Variable:
@@ -598,6 +672,9 @@ class DenseCovariance(Covariance):
     def dense(self):
         return self.matrix
 
+    def scaled(self, scale: Variable) -> DenseCovariance:
+        return DenseCovariance(scale[:, None] * self.matrix * scale[None, :], self.dim)
+
 
 class DiagonalCovariance(Covariance):
     """Sigma approximated by its diagonal (O(D) storage and products)."""
@@ -621,6 +698,9 @@ class DiagonalCovariance(Covariance):
     def solve_shifted(self, alpha, b, v):
         return v / (alpha + b * self.diag)
 
+    def scaled(self, scale: Variable) -> DiagonalCovariance:
+        return DiagonalCovariance(scale**2 * self.diag, self.dim)
+
 
 class NoiseCovariance(Covariance):
     """Covariance Sigma of the minibatch force, from the per-observation gradients of one batch.
@@ -637,6 +717,7 @@ class NoiseCovariance(Covariance):
         self.dim = dim
         self.n_rows = n_rows
         self.is_zero = gradients is None
+        self.gradients = gradients
         if gradients is not None:
             n = gradients.shape[0].astype(gradients.dtype)
             self.centred = gradients - gradients.mean(axis=0)
@@ -663,6 +744,11 @@ class NoiseCovariance(Covariance):
         if self.is_zero:
             return pt.zeros(self.dim)
         return self.scale * pt.sum(self.centred**2, axis=0)
+
+    def scaled(self, scale: Variable) -> NoiseCovariance:
+        if self.is_zero:
+            return self
+        return NoiseCovariance(self.gradients * scale, self.dim, self.n_rows)
 
     def as_form(self, form: str) -> Covariance:
         """The same Sigma as "lowrank" (this object), "full" (D x D) or "diag"."""
@@ -712,3 +798,33 @@ class NoiseCovariance(Covariance):
         coefficient = pt.sqrt(pt.maximum(shifted, 0.0)) - pt.sqrt(a)
         root = pt.sqrt(a) * v + w @ (coefficient * (w.T @ v))
         return root, pt.minimum(pt.min(shifted), a)
+
+
+class ScaledTarget:
+    """The model in the coordinates phi = theta / scale: a diagonal preconditioner.
+
+    Sampling phi with unit mass is sampling theta with the mass matrix M = diag(scale^-2)
+    (preconditioner M^-1 = diag(scale^2)): the force becomes S F, the per-observation
+    gradients S g_i and the noise covariance S Sigma S (S = diag(scale)), so every operator of
+    every integrator (A, B, O, C, D) is preconditioned consistently by writing it for phi.
+    ``scale`` is a symbolic input, so a new preconditioner needs no recompilation.
+    """
+
+    def __init__(self, model: SGModel, scale: Variable):
+        self.model = model
+        self.scale = scale
+
+    def position(self, phi: Variable) -> Variable:
+        """theta for the coordinates phi."""
+        return self.scale * phi
+
+    def force_and_logp(self, phi: Variable, indices: Sequence[Variable]):
+        force, logp = self.model.force_and_logp(self.position(phi), indices)
+        return self.scale * force, logp
+
+    def force_logp_and_noise(self, phi: Variable, indices: Sequence[Variable]):
+        force, logp, sigma = self.model.force_logp_and_noise(self.position(phi), indices)
+        return self.scale * force, logp, sigma.scaled(self.scale)
+
+    def exact_noise_covariance(self, phi: Variable) -> DenseCovariance:
+        return self.model.exact_noise_covariance(self.position(phi)).scaled(self.scale)

@@ -80,6 +80,9 @@ class CCAdL(Thermostatted):
     """
 
     name = "ccadl"
+    # First-order scheme; the explicit damping -h^2/2 Sigma p needs h sigma_max small.
+    stability_constant = 0.3
+    noise_tolerance = 0.5
     stats_dtypes_shapes = {
         **SGMCMC.common_stats,
         "kinetic_temperature": (np.float64, []),
@@ -91,14 +94,14 @@ class CCAdL(Thermostatted):
         self,
         vars=None,
         *,
-        step_size: float,
+        step_size: float | None = None,
         friction: float = 1.0,
         thermostat_mass: float | None = None,
         covariance: Literal["full", "diag"] | None = None,
         averaging: float | None = None,
         **kwargs,
     ):
-        self.step_size = positive("step_size", step_size)
+        self._set_step_size(step_size)
         self.friction = positive("friction", friction)
         if covariance not in (None, "full", "diag"):
             raise ValueError(f"covariance must be 'full' or 'diag', got {covariance!r}")
@@ -115,13 +118,13 @@ class CCAdL(Thermostatted):
         # The average starts as the first estimate (kappa_1 = 1).
         return {**super().initial_auxiliary(rng), "count": np.array(1.0)}
 
-    def evaluate(self, theta, indices, noise):
-        force, logp, sigma = self.sg_model.force_logp_and_noise(theta, indices)
+    def evaluate(self, theta, indices, noise, h):
+        force, logp, sigma = self.target.force_logp_and_noise(theta, indices)
         estimate = sigma.dense() if self.covariance == "full" else sigma.diagonal()
         return {"force": force, "logp": logp, "sigma": estimate, "noise_trace": sigma.trace()}
 
-    def initial_evaluation(self, theta, indices, noise):
-        evaluated = self.evaluate(theta, indices, noise)
+    def initial_evaluation(self, theta, indices, noise, h):
+        evaluated = self.evaluate(theta, indices, noise, h)
         evaluated["sigma_average"] = evaluated["sigma"]
         return evaluated
 
@@ -139,7 +142,7 @@ class CCAdL(Thermostatted):
         )
         xi = thermostat(xi, p_new, h, mu)
         theta = drift(state["theta"], p_new, h)
-        evaluated = self.evaluate(theta, indices, noise)
+        evaluated = self.evaluate(theta, indices, noise, h)
         count = state["count"] + 1.0
         kappa = 1.0 / count if self.averaging is None else self.averaging
         average = (1.0 - kappa) * state["sigma_average"] + kappa * evaluated["sigma"]

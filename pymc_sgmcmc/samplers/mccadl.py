@@ -75,6 +75,8 @@ class MCCAdL(Thermostatted):
     """
 
     name = "mccadl"
+    # The C step removes the (estimated) gradient noise exactly.
+    noise_tolerance = 1.0
     noise_vectors = 2
     stats_dtypes_shapes = {
         **SGMCMC.common_stats,
@@ -89,13 +91,13 @@ class MCCAdL(Thermostatted):
         self,
         vars=None,
         *,
-        step_size: float,
+        step_size: float | None = None,
         friction: float = 1.0,
         thermostat_mass: float | None = None,
         covariance: Literal["lowrank", "full", "diag"] = "lowrank",
         **kwargs,
     ):
-        self.step_size = positive("step_size", step_size)
+        self._set_step_size(step_size)
         self.friction = positive("friction", friction)
         if covariance not in ("lowrank", "full", "diag"):
             raise ValueError(f"covariance must be 'lowrank', 'full' or 'diag', got {covariance!r}")
@@ -103,13 +105,13 @@ class MCCAdL(Thermostatted):
         super().__init__(vars, **kwargs)
         self._set_thermostat_mass(thermostat_mass)
 
-    def initial_evaluation(self, theta, indices, noise):
+    def initial_evaluation(self, theta, indices, noise, h):
         return {}  # the force is evaluated at the top of each iteration
 
     def integrate(self, state, indices, noise, h):
         mu, a, half = self.thermostat_mass, self.friction, h / 2.0
         theta, xi = state["theta"], state["thermostat"]
-        force, logp, sigma = self.sg_model.force_logp_and_noise(theta, indices)
+        force, logp, sigma = self.target.force_logp_and_noise(theta, indices)
         sigma = sigma.as_form(self.covariance)
         p_draw = kick(state["momentum"], force, half)  # last B(h/2) of the previous step
 

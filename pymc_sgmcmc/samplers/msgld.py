@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytensor.tensor as pt
 
-from pymc_sgmcmc.base import SGMCMC, positive
+from pymc_sgmcmc.base import SGMCMC
+from pymc_sgmcmc.samplers.sgld import langevin_relaxation_steps, langevin_step_size
 
 __all__ = ["MSGLD"]
 
@@ -53,15 +54,18 @@ class MSGLD(SGMCMC):
     """
 
     name = "msgld"
+    # The noise shrinkage removes the eps sigma^2 / 4 bias to first order.
+    stability_constant = 0.2
+    noise_tolerance = 0.2
     stats_dtypes_shapes = {**SGMCMC.common_stats, "noise_trace": (float, [])}
 
-    def __init__(self, vars=None, *, step_size: float, **kwargs):
-        self.step_size = positive("step_size", step_size)
+    def __init__(self, vars=None, *, step_size: float | None = None, **kwargs):
+        self._set_step_size(step_size)
         super().__init__(vars, **kwargs)
 
-    def evaluate(self, theta, indices, noise):
+    def evaluate(self, theta, indices, noise, h):
         # Sigma R is prepared where Sigma is known, for the next step's noise.
-        force, logp, sigma = self.sg_model.force_logp_and_noise(theta, indices)
+        force, logp, sigma = self.target.force_logp_and_noise(theta, indices)
         return {
             "force": force,
             "logp": logp,
@@ -74,8 +78,14 @@ class MSGLD(SGMCMC):
         # theta <- (I - eps H / 2) theta is stable for eps * lambda_max < 4; suggest half.
         return 2.0 / curvature
 
+    def adapted_step_size(self, curvature: float, noise: float, phase: str) -> float:
+        return langevin_step_size(self, curvature, noise, phase)
+
+    def relaxation_steps(self, step_size: float) -> int:
+        return langevin_relaxation_steps(step_size)
+
     def integrate(self, state, indices, noise, h):
         shrunk_noise = state["noise"] - (h / 8.0) * state["sigma_noise"]
         theta = state["theta"] + 0.5 * h * state["force"] + pt.sqrt(h) * shrunk_noise
-        new = {"theta": theta, **self.evaluate(theta, indices, noise)}
+        new = {"theta": theta, **self.evaluate(theta, indices, noise, h)}
         return self.carried(new, {"noise_trace": new["noise_trace"]})

@@ -78,6 +78,8 @@ class NOGIN(SGMCMC):
     """
 
     name = "nogin"
+    # Exact for Gaussian noise of known covariance (Lemma 2); the estimate's error remains.
+    noise_tolerance = 1.0
     stats_dtypes_shapes = {
         **SGMCMC.common_stats,
         "kinetic_temperature": (np.float64, []),
@@ -88,13 +90,13 @@ class NOGIN(SGMCMC):
         self,
         vars=None,
         *,
-        step_size: float,
+        step_size: float | None = None,
         friction: float = 1.0,
         solver: Literal["auto", "direct", "cg"] = "auto",
         noise_covariance: Literal["estimate", "exact"] = "estimate",
         **kwargs,
     ):
-        self.step_size = positive("step_size", step_size)
+        self._set_step_size(step_size)
         self.friction = positive("friction", friction)
         if solver not in ("auto", "direct", "cg"):
             raise ValueError(f"solver must be 'auto', 'direct' or 'cg', got {solver!r}")
@@ -109,13 +111,13 @@ class NOGIN(SGMCMC):
     def initial_auxiliary(self, rng):
         return {"momentum": rng.standard_normal(self.dim)}
 
-    def initial_evaluation(self, theta, indices, noise):
+    def initial_evaluation(self, theta, indices, noise, h):
         return {}  # the force is evaluated mid-step, nothing is carried
 
     def _force_and_covariance(self, theta, indices):
-        force, logp, sigma = self.sg_model.force_logp_and_noise(theta, indices)
+        force, logp, sigma = self.target.force_logp_and_noise(theta, indices)
         if self.noise_covariance == "exact":
-            sigma = self.sg_model.exact_noise_covariance(theta)
+            sigma = self.target.exact_noise_covariance(theta)
         return force, logp, sigma
 
     def _damp(self, sigma, p, lam2, h):

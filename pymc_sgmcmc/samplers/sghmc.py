@@ -71,6 +71,9 @@ class SGHMC(SGMCMC):
     """
 
     name = "sghmc"
+    # First-order scheme; with B-hat = 0 the gradient noise is not corrected at all.
+    stability_constant = 0.3
+    noise_tolerance = 0.1
     stats_dtypes_shapes = {
         **SGMCMC.common_stats,
         "kinetic_temperature": (np.float64, []),
@@ -81,12 +84,12 @@ class SGHMC(SGMCMC):
         self,
         vars=None,
         *,
-        step_size: float,
+        step_size: float | None = None,
         friction: float = 1.0,
         gradient_noise: Literal["ignore", "estimate"] = "ignore",
         **kwargs,
     ):
-        self.step_size = positive("step_size", step_size)
+        self._set_step_size(step_size)
         self.friction = positive("friction", friction)
         if gradient_noise not in ("ignore", "estimate"):
             raise ValueError(
@@ -98,24 +101,22 @@ class SGHMC(SGMCMC):
     def initial_auxiliary(self, rng):
         return {"momentum": rng.standard_normal(self.dim)}
 
-    def evaluate(self, theta, indices, noise):
+    def evaluate(self, theta, indices, noise, h):
         if self.gradient_noise == "ignore":
-            force, logp = self.sg_model.force_and_logp(theta, indices)
+            force, logp = self.target.force_and_logp(theta, indices)
             scaled_noise, min_eig = pt.sqrt(self.friction) * noise[0], pt.constant(self.friction)
         else:
             # (A I - B)^{1/2} R with B = (h/2) Sigma is prepared where Sigma is known, for the
             # next step's momentum update.
-            force, logp, sigma = self.sg_model.force_logp_and_noise(theta, indices)
-            scaled_noise, min_eig = sigma.sqrt_shifted_matvec(
-                self.friction, 0.5 * self.step_size, noise[0]
-            )
+            force, logp, sigma = self.target.force_logp_and_noise(theta, indices)
+            scaled_noise, min_eig = sigma.sqrt_shifted_matvec(self.friction, 0.5 * h, noise[0])
         return {"force": force, "logp": logp, "noise": scaled_noise, "noise_min_eig": min_eig}
 
     def integrate(self, state, indices, noise, h):
         p = kick(state["momentum"], state["force"], h)
         p = p - h * self.friction * state["momentum"] + pt.sqrt(2.0 * h) * state["noise"]
         theta = drift(state["theta"], p, h)
-        new = {"theta": theta, "momentum": p, **self.evaluate(theta, indices, noise)}
+        new = {"theta": theta, "momentum": p, **self.evaluate(theta, indices, noise, h)}
         stats = {
             "kinetic_temperature": kinetic_temperature(p),
             "noise_clipped": new["noise_min_eig"] < 0,

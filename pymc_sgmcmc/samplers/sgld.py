@@ -9,7 +9,30 @@ import pytensor.tensor as pt
 
 from pymc_sgmcmc.base import SGMCMC, positive
 
-__all__ = ["SGLD", "PolynomialDecay"]
+__all__ = ["SGLD", "PolynomialDecay", "langevin_relaxation_steps", "langevin_step_size"]
+
+
+def langevin_step_size(sampler: SGMCMC, curvature: float, noise: float, phase: str) -> float:
+    r"""epsilon = min(c / lambda_max, 4 alpha / sigma^2_max) for the overdamped samplers.
+
+    For a Gaussian coordinate of precision lambda and force-noise variance sigma^2, SGLD's
+    stationary variance is (1 + eps sigma^2 / 4) / (lambda (1 - eps lambda / 4)): the relative
+    bias is eps lambda / 4 from the discretisation and eps sigma^2 / 4 from the gradient noise,
+    Welling & Teh's sampling threshold. ``stability_constant`` c and ``noise_tolerance``
+    alpha bound them for the kernel kept after tuning (``phase="final"``); before that alpha
+    is at least 1 (a variance within a factor 2 is enough to set the preconditioner).
+    """
+    eps = sampler.stability_constant / curvature
+    if noise > 0:
+        alpha = sampler.noise_tolerance if phase == "final" else max(sampler.noise_tolerance, 1.0)
+        eps = min(eps, 4.0 * alpha / noise)
+    return eps
+
+
+def langevin_relaxation_steps(step_size: float) -> int:
+    """d theta = (1/2) grad log p dt + dW relaxes a unit-variance coordinate in about 2 time
+    units, and a step of size epsilon advances the time by epsilon."""
+    return int(np.ceil(2.0 / step_size))
 
 
 @dataclass(frozen=True)
@@ -81,13 +104,16 @@ class SGLD(SGMCMC):
     name = "sgld"
     stats_dtypes_shapes = dict(SGMCMC.common_stats)
 
-    def __init__(self, vars=None, *, step_size: float | PolynomialDecay, **kwargs):
+    stability_constant = 0.2
+    noise_tolerance = 0.05
+
+    def __init__(self, vars=None, *, step_size: float | PolynomialDecay | None = None, **kwargs):
         if isinstance(step_size, PolynomialDecay):
             self.schedule = step_size
-            self.step_size = step_size.a
+            self._set_step_size(step_size.a)
         else:
             self.schedule = None
-            self.step_size = positive("step_size", step_size)
+            self._set_step_size(step_size)
         super().__init__(vars, **kwargs)
 
     def step_sizes(self, steps: np.ndarray) -> np.ndarray:
@@ -99,6 +125,12 @@ class SGLD(SGMCMC):
         # theta <- (I - eps H / 2) theta is stable for eps * lambda_max < 4; suggest half.
         return 2.0 / curvature
 
+    def adapted_step_size(self, curvature: float, noise: float, phase: str) -> float:
+        return langevin_step_size(self, curvature, noise, phase)
+
+    def relaxation_steps(self, step_size: float) -> int:
+        return langevin_relaxation_steps(step_size)
+
     def integrate(self, state, indices, noise, h):
         theta = state["theta"] + 0.5 * h * state["force"] + pt.sqrt(h) * noise[0]
-        return self.carried({"theta": theta, **self.evaluate(theta, indices, noise)})
+        return self.carried({"theta": theta, **self.evaluate(theta, indices, noise, h)})

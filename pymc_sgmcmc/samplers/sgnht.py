@@ -44,8 +44,10 @@ class SGNHT(Thermostatted):
 
     Notes
     -----
-    ``tune`` draws are burn-in. At every chain (re)start, and at the end of tuning, the
-    momentum is drawn from :math:`N(0, I)` and :math:`\xi = A`.
+    At every chain (re)start, at each adaptation boundary and at the end of tuning, the
+    momentum is drawn from :math:`N(0, I)` and :math:`\xi` starts at its equilibrium under
+    isotropic noise, :math:`A + h\,\mathrm{tr}\Sigma/(2D)`, with :math:`\Sigma` from one
+    minibatch at the current position.
 
     Sampler stats
     -------------
@@ -67,6 +69,8 @@ class SGNHT(Thermostatted):
     """
 
     name = "sgnht"
+    # The thermostat absorbs the trace of the gradient noise, not its anisotropy.
+    noise_tolerance = 0.5
     stats_dtypes_shapes = {
         **SGMCMC.common_stats,
         "kinetic_temperature": (np.float64, []),
@@ -77,19 +81,30 @@ class SGNHT(Thermostatted):
         self,
         vars=None,
         *,
-        step_size: float,
+        step_size: float | None = None,
         friction: float = 1.0,
         thermostat_mass: float | None = None,
         splitting: Literal["BADODAB", "euler"] = "BADODAB",
         **kwargs,
     ):
-        self.step_size = positive("step_size", step_size)
+        self._set_step_size(step_size)
         self.friction = positive("friction", friction)
         if splitting not in ("BADODAB", "euler"):
             raise ValueError(f"splitting must be 'BADODAB' or 'euler', got {splitting!r}")
         self.splitting = splitting
         super().__init__(vars, **kwargs)
         self._set_thermostat_mass(thermostat_mass)
+
+    def initial_auxiliary(self, rng):
+        return {"momentum": rng.standard_normal(self.dim)}
+
+    def initial_evaluation(self, theta, indices, noise, h):
+        # The thermostat starts at its equilibrium under isotropic gradient noise,
+        # xi = A + h tr(Sigma) / (2D) (Ding et al. 2014, B = h Sigma / 2), from this minibatch:
+        # from xi = A it would take about mu / (h tr Sigma) time units to get there.
+        force, logp, sigma = self.target.force_logp_and_noise(theta, indices)
+        xi = self.friction + h * sigma.trace() / (2.0 * self.dim)
+        return {"force": force, "logp": logp, "thermostat": xi}
 
     def integrate(self, state, indices, noise, h):
         step = self._badodab if self.splitting == "BADODAB" else self._euler
@@ -111,7 +126,7 @@ class SGNHT(Thermostatted):
             "theta": theta,
             "momentum": p_new,
             "thermostat": xi,
-            **self.evaluate(theta, indices, noise),
+            **self.evaluate(theta, indices, noise, h),
         }
 
     def _badodab(self, state, indices, noise, h):
@@ -122,6 +137,6 @@ class SGNHT(Thermostatted):
         p = ornstein_uhlenbeck(p, xi, a, h, noise)  # O(h)
         xi = thermostat(xi, p, half, mu)  # D(h/2)
         theta = drift(theta, p, half)  # A(h/2)
-        evaluated = self.evaluate(theta, indices, noise)
+        evaluated = self.evaluate(theta, indices, noise, h)
         p = kick(p, evaluated["force"], half)  # B(h/2)
         return {"theta": theta, "momentum": p, "thermostat": xi, **evaluated}

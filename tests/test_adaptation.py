@@ -1,0 +1,146 @@
+"""Warm-up adaptation: step size and diagonal preconditioner chosen during ``tune``.
+
+Specification: with no step size given, every sampler reaches posterior means within 0.1
+posterior sd and variances within 15 % of the reference on models whose scales differ by
+orders of magnitude, without divergences; a user's step size is never changed; the same
+model without adaptation shows the problem it solves.
+"""
+
+from __future__ import annotations
+
+import arviz as az
+import numpy as np
+import pymc as pm
+import pytest
+from adaptation_models import MODELS, WideGaussian, errors, moments_of, reference
+
+from pymc_sgmcmc import MSGLD, NOGIN, SGHMC, SGLD, SGNHT, CCAdL, MCCAdL
+from pymc_sgmcmc.adaptation import PRIOR_DRAWS, WindowVariance, adaptation_boundaries
+
+SAMPLE_KWARGS = dict(progressbar=False, compute_convergence_checks=False)
+ALL_SAMPLERS = [SGLD, MSGLD, SGHMC, SGNHT, CCAdL, MCCAdL, NOGIN]
+#: The issue's accuracy requirement against the reference.
+MEAN_TOLERANCE, VARIANCE_TOLERANCE = 0.1, 0.15
+#: ESS needed for those tolerances to be >= 3 Monte Carlo standard errors: the mean error has
+#: sd 1/sqrt(ESS) (in posterior sd), the variance ratio sqrt(2/ESS).
+MIN_ESS = 900
+
+
+def test_windows_follow_stans_schedule():
+    assert adaptation_boundaries(1000) == [
+        (75, False), (100, True), (150, True), (250, True), (450, True), (950, True),
+    ]  # fmt: skip
+    # Short warm-ups: 15 % initial, 10 % terminal, one slow window in between.
+    assert adaptation_boundaries(100) == [(15, False), (90, True)]
+    assert adaptation_boundaries(10) == []
+
+
+def test_window_variance_is_welford_shrunk_towards_previous_scale():
+    rng = np.random.default_rng(0)
+    x = rng.normal([0.0, 5.0], [1e-3, 10.0], size=(200, 2))
+    window = WindowVariance(2)
+    for row in x:
+        window.add(row)
+    previous = np.array([1.0, 2.0])
+    weight = 200 / (200 + PRIOR_DRAWS)
+    variance = x.var(0, ddof=1)
+    target = previous**2 * np.median(variance / previous**2)
+    expected = np.sqrt(weight * variance + (1 - weight) * target)
+    np.testing.assert_allclose(window.standard_deviations(previous), expected, rtol=1e-12)
+
+
+def sample(model, step, draws=2000, tune=1000, seed=3, **kwargs):
+    with model:
+        return pm.sample(
+            draws, tune=tune, step=step, chains=2, cores=1, random_seed=seed,
+            **SAMPLE_KWARGS, **kwargs,
+        )  # fmt: skip
+
+
+def check_against(idata, ref, names):
+    mean_err, var_err = errors(moments_of(idata, names), ref)
+    ess = min(float(az.ess(idata, var_names=[n])[n].min()) for n in names)
+    report = f"mean err {mean_err:.3f} sd, var err {var_err:.3f}, min ESS {ess:.0f}"
+    return mean_err, var_err, ess, report
+
+
+@pytest.mark.parametrize("cls", [SGLD, SGNHT, NOGIN])
+def test_defaults_sample_variances_four_orders_apart(cls):
+    problem = WideGaussian.make()
+    with problem.model() as model:
+        step = cls()
+    idata = sample(model, step)
+    mean_err, var_err, ess, report = check_against(idata, problem.moments(), ["w"])
+    assert ess > MIN_ESS, report
+    assert mean_err < MEAN_TOLERANCE and var_err < VARIANCE_TOLERANCE, report
+    assert not idata.sample_stats["diverging"].any()
+    h = idata.sample_stats["step_size"].values
+    assert np.all(h[:, :1] == h), "the kernel is fixed after tuning"
+
+
+def test_without_adaptation_the_wide_coordinate_is_not_explored():
+    # A step size the stiff coordinate allows (0.5 / omega_max) and the same number of
+    # integrator steps as the adapted run above: the coordinate 100x wider moves 100x slower.
+    problem = WideGaussian.make()
+    omega_max = np.sqrt(np.linalg.eigvalsh(problem.X.T @ problem.X).max())
+    with problem.model() as model:
+        step = SGNHT(step_size=0.5 / omega_max, thin=20, adapt_preconditioner=False)
+    idata = sample(model, step)
+    _, var_err, _, report = check_against(idata, problem.moments(), ["w"])
+    assert var_err > 0.5, report
+
+
+def test_user_step_size_is_kept_and_preconditioner_can_be_switched_off():
+    problem = WideGaussian.make()
+    with problem.model() as model:
+        step = NOGIN(step_size=1e-3)
+    idata = sample(model, step, draws=50, tune=200, discard_tuned_samples=False)
+    h = idata.warmup_sample_stats["step_size"].values
+    assert np.all(h == 1e-3) and np.all(idata.sample_stats["step_size"].values == 1e-3)
+    assert step.thin == 1, "thin defaults to 1 with a user step size"
+    assert np.max(step.scale) == 1.0 and np.min(step.scale) < 0.1, "scales normalised to 1"
+    with problem.model() as model:
+        fixed = NOGIN(step_size=1e-3, adapt_preconditioner=False)
+    sample(model, fixed, draws=50, tune=200)
+    assert np.all(fixed.scale == 1.0)
+
+
+def test_adaptation_is_reproducible_across_cores():
+    problem = WideGaussian.make()
+    draws = []
+    for cores in (1, 2):
+        with problem.model():
+            idata = pm.sample(
+                100, tune=200, step=SGNHT(), chains=2, cores=cores, random_seed=9,
+                **SAMPLE_KWARGS,
+            )  # fmt: skip
+        draws.append(idata.posterior["w"].values)
+    np.testing.assert_array_equal(draws[0], draws[1])
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("model_name", list(MODELS))
+@pytest.mark.parametrize("cls", ALL_SAMPLERS, ids=lambda c: c.__name__)
+def test_defaults_match_reference(model_name, cls, reference_moments):
+    ref = reference_moments(model_name)
+    with MODELS[model_name]() as model:
+        step = cls()
+    idata = sample(model, step, draws=3000)
+    names = list(ref.mean)
+    mean_err, var_err, ess, report = check_against(idata, ref, names)
+    print(model_name, cls.__name__, report)
+    assert not idata.sample_stats["diverging"].any(), report
+    assert ess > MIN_ESS, report
+    assert mean_err < MEAN_TOLERANCE and var_err < VARIANCE_TOLERANCE, report
+
+
+@pytest.fixture(scope="module")
+def reference_moments():
+    cache = {}
+
+    def get(name):
+        if name not in cache:
+            cache[name] = reference(name)
+        return cache[name]
+
+    return get
