@@ -6,6 +6,8 @@
 * A sampler's signature is its ``__init__``'s (PyMC's step methods define ``__new__(*args,
   **kwargs)``, which autodoc would show instead), without annotations: the types are in the
   docstrings.
+* Every name of ``pymc_sgmcmc.__all__`` must be documented (as ``pymc_sgmcmc.NAME``): a
+  missing one is a warning, so the ``-W`` build fails when a new sampler is not in the API page.
 * ``<!-- include-if-exists: PATH -->`` in a Markdown page becomes a MyST ``include`` of PATH
   (relative to the page) when that file exists, and nothing otherwise: the results page shows
   ``examples/README.md`` whenever the examples are in the checkout.
@@ -23,6 +25,9 @@ import re
 from pathlib import Path
 
 from sphinx.application import Sphinx
+from sphinx.util import logging
+
+logger = logging.getLogger(__name__)
 
 #: Section titles numpydoc renders (numpydoc.docscrape.NumpyDocString.sections).
 KNOWN_SECTIONS = {
@@ -140,10 +145,21 @@ def relink_included(app: Sphinx, relative_path: Path, parent_docname: str, conte
     content[0] = INLINE_LINK.sub(relink, content[0])
 
 
+def check_api_complete(app: Sphinx, env) -> None:
+    """``env-check-consistency`` handler: warn about public names the API page omits."""
+    import pymc_sgmcmc
+
+    documented = env.get_domain("py").objects
+    for name in pymc_sgmcmc.__all__:
+        if f"pymc_sgmcmc.{name}" not in documented:
+            logger.warning("pymc_sgmcmc.%s is in __all__ but not documented (docs/api.rst)", name)
+
+
 def setup(app: Sphinx) -> dict:
     # numpydoc connects its own handler with the default priority 500; ours must run first.
     app.connect("autodoc-process-docstring", move_unknown_sections, priority=400)
     app.connect("autodoc-process-signature", init_signature, priority=400)
     app.connect("source-read", include_if_exists)
     app.connect("include-read", relink_included)
+    app.connect("env-check-consistency", check_api_complete)
     return {"parallel_read_safe": True, "parallel_write_safe": True}
