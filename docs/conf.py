@@ -55,7 +55,8 @@ nitpick_ignore = [
 # MathJax is loaded from its CDN by the reader's browser; nothing is fetched at build time.
 html_theme = "pymc_sphinx_theme"
 html_title = "pymc_sgmcmc"
-html_static_path: list[str] = []
+html_static_path = ["_static"]
+html_css_files = ["custom.css"]
 html_theme_options = {
     # pymc-sphinx-theme's defaults advertise the PyMC project itself (its icon links, donation
     # box and analytics id): keep the theme's look, not those.
