@@ -20,3 +20,10 @@ bench: venv
 
 lint: venv
 	$(PY) -m ruff check pymc_sgmcmc tests examples benchmarks
+
+# The documentation site, into docs/_build/html (installs the docs extra into .venv). A full
+# rebuild (-E) with warnings as errors and every cross-reference resolved (-n).
+.PHONY: docs
+docs:
+	@EXTRAS=test,docs bash scripts/venv.sh
+	$(PY) -m sphinx -E -W --keep-going -n -b html docs docs/_build/html

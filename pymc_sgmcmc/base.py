@@ -92,8 +92,10 @@ class SGMCMCState(StepMethodState):
 class SGMCMC(ArrayStepShared):
     """Base class of the stochastic-gradient samplers (not used directly).
 
-    Parameters common to every sampler
-    ----------------------------------
+    Its parameters are common to every sampler.
+
+    Parameters
+    ----------
     vars : list, optional
         Value variables; must be all of the model's (the default).
     thin : int, optional
@@ -121,7 +123,7 @@ class SGMCMC(ArrayStepShared):
     divergence_threshold : float, default 1e10
         A step whose position has a coordinate beyond this magnitude (in the unconstrained
         space), or any non-finite state, is divergent; so is a step whose minibatch
-        log-density falls more than max(1e4, 10 |best|) below the best seen in the chain. An
+        log-density falls more than ``max(1e4, 10 |best|)`` below the best seen in the chain. An
         unstable step size makes the chain grow geometrically; these catch it long before
         floating-point overflow. Raise the threshold for models whose parameters are
         legitimately that large.

@@ -27,10 +27,16 @@ if [ ! -x .venv/bin/python ] || ! is_312 .venv/bin/python; then
     rm -rf .venv
     "$(find_python)" -m venv .venv
 fi
-stamp=.venv/.installed-$(sha1sum pyproject.toml | cut -c1-12)
+# EXTRAS: the optional-dependency groups to install (default "test"; `make docs` uses
+# "test,docs"). Each set of extras has its own stamp, so switching targets does not reinstall.
+extras=${EXTRAS:-test}
+hash=$(sha1sum pyproject.toml | cut -c1-12)
+stamp=.venv/.installed-$hash
+[ "$extras" = test ] || stamp="$stamp-${extras//,/-}"
 if [ ! -f "$stamp" ]; then
     .venv/bin/python -m pip install --quiet --upgrade pip
-    .venv/bin/python -m pip install --quiet -e ".[test]"
-    rm -f .venv/.installed-*
+    .venv/bin/python -m pip install --quiet -e ".[$extras]"
+    # Stamps of an older pyproject.toml are stale; those of other extras stay valid.
+    find .venv -maxdepth 1 -name '.installed-*' ! -name ".installed-$hash*" -delete
     touch "$stamp"
 fi
