@@ -25,7 +25,10 @@ class Moments:
 def _minibatch(arrays, batch_size, full_data):
     if full_data:
         return arrays, None
-    return pm.Minibatch(*arrays, batch_size=batch_size), len(arrays[0])
+    batches = pm.Minibatch(*arrays, batch_size=batch_size)
+    if len(arrays) == 1:  # pm.Minibatch returns a single variable for a single array
+        batches = (batches,)
+    return batches, len(arrays[0])
 
 
 def scaled_predictors(full_data: bool = False) -> pm.Model:
