@@ -25,11 +25,9 @@ with pm.Model(coords={"predictor": ["x0", "x1", "x2"]}) as model:
     # total_size=N scales the batch log-likelihood by N/n: the target is the full-data posterior.
     pm.Normal("y", intercept + X_mb @ w, sigma, observed=y_mb, total_size=N)
 
-    # epsilon = 2e-6: the curvature is about N / sigma^2 = 1e4, so epsilon * curvature = 0.02
-    # (an autocorrelation time of about 4 / 0.02 = 200 steps) and the minibatch noise inflates
-    # the variances by about epsilon * curvature * (N/n) / 4 = 5 % (see the guide).
-    step = SGLD(step_size=2e-6, thin=50)
-    idata = pm.sample(draws=1000, tune=200, step=step, chains=2, random_seed=1, progressbar=False)
+    # No step size: it is chosen during tune, with a diagonal preconditioner and thin.
+    step = SGLD()
+    idata = pm.sample(step=step, chains=2, cores=1, random_seed=1, progressbar=False)
 
 print(az.summary(idata))
 
@@ -42,6 +40,10 @@ print(
     "least squares:", coef.round(4), "standard errors:", se.round(4), "sigma:", sigma_hat.round(4)
 )
 
+# The adaptation's choices: the step size of each chain (a stat of every draw), and, after a
+# cores=1 run, the last chain's thin and preconditioner scales (unconstrained space: log sigma).
 stats = idata.sample_stats
+print("step size per chain:", stats["step_size"].values[:, -1])
+print("thin:", step.thin, "scales:", step.scale.round(4))
 print("sample_stats:", sorted(stats.data_vars))
 print("divergences:", int(stats["diverging"].sum()))
