@@ -51,6 +51,8 @@ class Step(NamedTuple):
     stats: dict  # sampler-specific scalar stats
 
 
+#: Tuning draws at which the geometry is measured to choose a step size.
+GEOMETRY_POINTS = 4
 #: Upper bound on the memory of one block's stored positions, to size blocks at large D.
 _BLOCK_MEMORY_BYTES = 64 * 2**20
 
@@ -87,6 +89,7 @@ class SGMCMCState(StepMethodState):
     tune_drawn: int
     boundaries: list
     window: Any
+    recent: list
 
 
 class SGMCMC(ArrayStepShared):
@@ -401,6 +404,7 @@ class SGMCMC(ArrayStepShared):
         adapting = self.adapt_preconditioner or self.user_step_size is None
         self.boundaries = adaptation_boundaries(tune) if adapting else []
         self.window = WindowVariance(self.dim)
+        self.recent = []
 
     def reset_tuning(self) -> None:
         """Adaptation restarts with each chain (``setup_chain``); nothing to do here."""
@@ -451,6 +455,7 @@ class SGMCMC(ArrayStepShared):
         self.tune_drawn += 1
         if not stats["diverging"]:
             self.window.add(draw)
+            self.recent = [*self.recent[1 - GEOMETRY_POINTS :], draw]
         if self.boundaries and self.tune_drawn == self.boundaries[0][0]:
             _, slow_window = self.boundaries.pop(0)
             self._adapt(draw, slow_window)
@@ -488,7 +493,14 @@ class SGMCMC(ArrayStepShared):
         self._set_kernel(self._choose_step_size(theta, "transient"))
 
     def _choose_step_size(self, theta: np.ndarray, phase: str) -> float:
-        curvature, noise = self.sg_model.local_geometry(theta, self.scale, self.rng)
+        """The step size from the geometry at the last few tuning draws (or at ``theta`` at
+        the chain start): the largest curvature, for stability, and the mean noise, for
+        accuracy -- the gradient noise varies with the position, more than the curvature."""
+        points = self.recent or [theta]
+        geometry = np.array(
+            [self.sg_model.local_geometry(x, self.scale, self.rng, batches=2) for x in points]
+        )
+        curvature, noise = np.max(geometry[:, 0]), np.mean(geometry[:, 1])
         if not np.isfinite(curvature) or curvature <= 0:
             # Not finite here (e.g. at a boundary of the support): a cautious halving.
             return 0.5 * self.step_size if self.step_size else 1e-3

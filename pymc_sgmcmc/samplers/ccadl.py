@@ -36,8 +36,11 @@ class CCAdL(Thermostatted):
 
     Parameters
     ----------
-    step_size : float
-        :math:`h`.
+    step_size : float, optional
+        :math:`h`. Default: chosen during ``tune`` (see :class:`pymc_sgmcmc.base.SGMCMC`:
+        ``h = c / omega_max`` of the preconditioned posterior, capped by the gradient-noise
+        rule with this class's ``noise_tolerance``); then also in the preconditioned
+        coordinates.
     friction : float, default 1.0
         :math:`A`, the injected-noise amplitude and :math:`\xi_0`.
     thermostat_mass : float, optional
@@ -55,7 +58,9 @@ class CCAdL(Thermostatted):
 
     Notes
     -----
-    ``tune`` draws are burn-in. At every chain (re)start, and at the end of tuning, the
+    ``tune`` draws adapt the kernel (step size if not given, diagonal preconditioner, thin;
+    see :class:`pymc_sgmcmc.base.SGMCMC`); after tuning the kernel is fixed.
+    At every chain (re)start, at each adaptation-window end and at the end of tuning, the
     momentum is drawn from :math:`N(0, I)`, :math:`\xi = A`, and the moving average restarts
     from the estimate at the current position. The paper's Proposition 2: the dynamics preserve
     a distribution whose thermostat has mean A and whose kinetic temperature is 1.

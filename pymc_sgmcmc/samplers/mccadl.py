@@ -31,8 +31,11 @@ class MCCAdL(Thermostatted):
 
     Parameters
     ----------
-    step_size : float
-        :math:`h`.
+    step_size : float, optional
+        :math:`h`. Default: chosen during ``tune`` (see :class:`pymc_sgmcmc.base.SGMCMC`:
+        ``h = c / omega_max`` of the preconditioned posterior, capped by the gradient-noise
+        rule with this class's ``noise_tolerance``); then also in the preconditioned
+        coordinates.
     friction : float, default 1.0
         :math:`A`, the injected-noise amplitude and :math:`\xi_0`.
     thermostat_mass : float, optional
@@ -47,7 +50,9 @@ class MCCAdL(Thermostatted):
 
     Notes
     -----
-    ``tune`` draws are burn-in; momentum :math:`N(0, I)` and :math:`\xi = A` at every chain
+    ``tune`` draws adapt the kernel (step size if not given, diagonal preconditioner, thin;
+    see :class:`pymc_sgmcmc.base.SGMCMC`); after tuning the kernel is fixed.
+    Momentum :math:`N(0, I)` and :math:`\xi = A` at every chain
     (re)start and at the end of tuning. The C step costs s·m covariance-vector products,
     about 8 power-iteration products and one force evaluation more per step than SGNHT.
 
@@ -75,8 +80,9 @@ class MCCAdL(Thermostatted):
     """
 
     name = "mccadl"
-    # The C step removes the (estimated) gradient noise exactly.
-    noise_tolerance = 1.0
+    # The C step removes the gradient noise exactly, but only as well as Sigma is estimated
+    # from the n rows of one minibatch.
+    noise_tolerance = 0.5
     noise_vectors = 2
     stats_dtypes_shapes = {
         **SGMCMC.common_stats,

@@ -27,16 +27,19 @@ class MSGLD(SGMCMC):
 
     Parameters
     ----------
-    step_size : float
-        :math:`\varepsilon` (same convention as :class:`SGLD`).
+    step_size : float, optional
+        :math:`\varepsilon` (same convention as :class:`SGLD`). Default: chosen during
+        ``tune``, ``epsilon = min(c / lambda_max, 4 alpha / sigma^2_max)`` in the
+        preconditioned coordinates (see :func:`~pymc_sgmcmc.samplers.sgld.langevin_step_size`).
     **kwargs
         ``thin``, ``block_steps``, ``mode``, ``compile_kwargs``, ``model``: see
         :class:`pymc_sgmcmc.base.SGMCMC`.
 
     Notes
     -----
-    ``tune`` draws are burn-in. One step costs one minibatch force and its per-observation
-    gradients (about 1.1-1.4 SGLD steps).
+    ``tune`` draws adapt the kernel (step size if not given, diagonal preconditioner, thin;
+    see :class:`pymc_sgmcmc.base.SGMCMC`); after tuning the kernel is fixed. One step costs
+    one minibatch force and its per-observation gradients (about 1.1-1.4 SGLD steps).
 
     Sampler stats
     -------------
@@ -56,7 +59,7 @@ class MSGLD(SGMCMC):
     name = "msgld"
     # The noise shrinkage removes the eps sigma^2 / 4 bias to first order.
     stability_constant = 0.2
-    noise_tolerance = 0.2
+    noise_tolerance = 0.1
     stats_dtypes_shapes = {**SGMCMC.common_stats, "noise_trace": (float, [])}
 
     def __init__(self, vars=None, *, step_size: float | None = None, **kwargs):

@@ -34,8 +34,11 @@ class NOGIN(SGMCMC):
 
     Parameters
     ----------
-    step_size : float
-        :math:`h`.
+    step_size : float, optional
+        :math:`h`. Default: chosen during ``tune`` (see :class:`pymc_sgmcmc.base.SGMCMC`:
+        ``h = c / omega_max`` of the preconditioned posterior, capped by the gradient-noise
+        rule with this class's ``noise_tolerance``); then also in the preconditioned
+        coordinates.
     friction : float, default 1.0
         :math:`\gamma > 0`.
     solver : {"auto", "direct", "cg"}, default "auto"
@@ -53,7 +56,9 @@ class NOGIN(SGMCMC):
 
     Notes
     -----
-    ``tune`` draws are burn-in; the momentum is drawn from :math:`N(0, I)` at every chain
+    ``tune`` draws adapt the kernel (step size if not given, diagonal preconditioner, thin;
+    see :class:`pymc_sgmcmc.base.SGMCMC`); after tuning the kernel is fixed.
+    The momentum is drawn from :math:`N(0, I)` at every chain
     (re)start and at the end of tuning. One step costs one minibatch force with its
     per-observation gradients, plus the damping solve.
 
@@ -78,8 +83,9 @@ class NOGIN(SGMCMC):
     """
 
     name = "nogin"
-    # Exact for Gaussian noise of known covariance (Lemma 2); the estimate's error remains.
-    noise_tolerance = 1.0
+    # Exact for Gaussian noise of known covariance (Lemma 2), but Sigma is estimated from the
+    # n rows of one minibatch.
+    noise_tolerance = 0.5
     stats_dtypes_shapes = {
         **SGMCMC.common_stats,
         "kinetic_temperature": (np.float64, []),

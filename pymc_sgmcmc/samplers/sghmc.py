@@ -29,8 +29,11 @@ class SGHMC(SGMCMC):
 
     Parameters
     ----------
-    step_size : float
-        :math:`h`.
+    step_size : float, optional
+        :math:`h`. Default: chosen during ``tune`` (see :class:`pymc_sgmcmc.base.SGMCMC`:
+        ``h = c / omega_max`` of the preconditioned posterior, capped by the gradient-noise
+        rule with this class's ``noise_tolerance``); then also in the preconditioned
+        coordinates.
     friction : float, default 1.0
         :math:`A` (the papers' effective friction; Chen et al. call it :math:`C`). 1 and 10 are
         the values of the CCAdL and mCCAdL experiments.
@@ -48,7 +51,9 @@ class SGHMC(SGMCMC):
 
     Notes
     -----
-    ``tune`` draws are burn-in. The momentum is drawn from :math:`N(0, I)` at every chain
+    ``tune`` draws adapt the kernel (step size if not given, diagonal preconditioner, thin;
+    see :class:`pymc_sgmcmc.base.SGMCMC`); after tuning the kernel is fixed.
+    The momentum is drawn from :math:`N(0, I)` at every chain
     (re)start and at the end of tuning.
 
     Sampler stats
@@ -73,7 +78,7 @@ class SGHMC(SGMCMC):
     name = "sghmc"
     # First-order scheme; with B-hat = 0 the gradient noise is not corrected at all.
     stability_constant = 0.3
-    noise_tolerance = 0.1
+    noise_tolerance = 0.05
     stats_dtypes_shapes = {
         **SGMCMC.common_stats,
         "kinetic_temperature": (np.float64, []),

@@ -72,8 +72,11 @@ class SGLD(SGMCMC):
 
     Parameters
     ----------
-    step_size : float or PolynomialDecay
-        :math:`\varepsilon` in the convention above (BlackJAX's ``step_size`` is
+    step_size : float or PolynomialDecay, optional
+        Default: chosen during ``tune``,
+        ``epsilon = min(c / lambda_max, 4 alpha / sigma^2_max)`` in the preconditioned
+        coordinates (:func:`langevin_step_size`). Otherwise :math:`\varepsilon` in the
+        convention above (BlackJAX's ``step_size`` is
         :math:`\varepsilon/2`). A :class:`PolynomialDecay` gives the paper's decreasing schedule
         :math:`\varepsilon_t = a (b + t)^{-\gamma}`; then posterior expectations are the
         step-weighted averages :math:`\sum_t \varepsilon_t f(\theta_t) / \sum_t \varepsilon_t`
@@ -84,7 +87,8 @@ class SGLD(SGMCMC):
 
     Notes
     -----
-    ``tune`` draws are burn-in: the kernel is the same during and after tuning.
+    ``tune`` draws adapt the kernel (step size if not given, diagonal preconditioner, thin;
+    see :class:`pymc_sgmcmc.base.SGMCMC`); after tuning the kernel is fixed.
 
     Sampler stats
     -------------

@@ -23,12 +23,15 @@ class SGNHT(Thermostatted):
 
     Parameters
     ----------
-    step_size : float
-        :math:`h`.
+    step_size : float, optional
+        :math:`h`. Default: chosen during ``tune`` (see :class:`pymc_sgmcmc.base.SGMCMC`:
+        ``h = c / omega_max`` of the preconditioned posterior, capped by the gradient-noise
+        rule with this class's ``noise_tolerance``); then also in the preconditioned
+        coordinates.
     friction : float, default 1.0
-        :math:`A`, the injected-noise amplitude and the thermostat's starting value
-        (:math:`\xi_0 = A`, as in the papers). 1 and 10 are the values of the CCAdL and mCCAdL
-        experiments.
+        :math:`A`, the injected-noise amplitude (the thermostat starts at its equilibrium,
+        :math:`A + h\,\mathrm{tr}\Sigma/(2D)`; the papers start it at A). 1 and 10 are the
+        values of the CCAdL and mCCAdL experiments.
     thermostat_mass : float, optional
         :math:`\mu`; default :math:`D`, the number of free parameters (the papers' choice).
     splitting : {"BADODAB", "euler"}, default "BADODAB"
