@@ -31,17 +31,22 @@ from models import GaussianRegression
 from scipy.linalg import solve_discrete_lyapunov
 
 
-def weak_order_problem() -> GaussianRegression:
-    """Full-batch regression with N = 100, D = 2, scaled so that the posterior precision is
-    close to I (eigenvalues 0.81 and 1.06): h is then in units of 1/omega, the stability limit
-    of the leapfrog-type schemes is 2/omega_max = 1.95, and friction 1 mixes the variance well.
+def weak_order_problem(batch_size: int | None = None) -> GaussianRegression:
+    """Regression with N = 100, D = 2, scaled so that the posterior precision is close to I
+    (eigenvalues 0.81 and 1.06): h is then in units of 1/omega, the stability limit of the
+    leapfrog-type schemes is 2/omega_max = 1.95, and friction 1 mixes the variance well.
+    Full batch (exact force) unless ``batch_size`` is given.
     """
-    return GaussianRegression.make(n_obs=100, dim=2, batch_size=None, sigma=10.0, seed=0)
+    return GaussianRegression.make(n_obs=100, dim=2, batch_size=batch_size, sigma=10.0, seed=0)
 
 
 def omega_max(problem: GaussianRegression) -> float:
     """Largest frequency sqrt(lambda_max(P)) of the posterior precision P."""
     return float(np.sqrt(np.linalg.eigvalsh(problem.precision).max()))
+
+
+class DivergenceError(RuntimeError):
+    """The chain diverged at this step size: no bias is measured there."""
 
 
 @dataclass
@@ -94,7 +99,7 @@ def sample_variance_bias(
             compute_convergence_checks=False,
         )
     if int(idata.sample_stats["diverging"].sum()) > 0:
-        raise RuntimeError(f"divergent draws at step size {step_size}: choose a smaller one")
+        raise DivergenceError(f"divergent draws at step size {step_size}")
     values = idata.posterior["w"].values
     return variance_bias(values, problem.mean, problem.cov, step_size)
 
