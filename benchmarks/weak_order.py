@@ -72,11 +72,13 @@ class Scheme:
 
 
 def momentum(cls, **kwargs) -> Callable[[float, int], object]:
-    return lambda h, thin: cls(step_size=h, friction=FRICTION, thin=thin, **kwargs)
+    return lambda h, thin: cls(
+        step_size=h, friction=FRICTION, thin=thin, adapt_preconditioner=False, **kwargs
+    )
 
 
 def langevin(cls) -> Callable[[float, int], object]:
-    return lambda eps, thin: cls(step_size=eps, thin=thin)
+    return lambda eps, thin: cls(step_size=eps, thin=thin, adapt_preconditioner=False)
 
 
 EULER_H = (0.1, 0.15, 0.2, 0.25)  # h = 0.3 diverges (thermostat instability)

@@ -79,7 +79,9 @@ def assert_order(biases: list[VarianceBias], order: int) -> OrderFit:
 def test_sgnht_euler_is_first_order():
     # h = 0.1 ... 0.25 (h omega_max <= 0.26; h = 0.3 is beyond the thermostat's stability).
     biases = measure(
-        lambda h, thin: SGNHT(step_size=h, friction=1.0, splitting="euler", thin=thin),
+        lambda h, thin: SGNHT(
+            step_size=h, friction=1.0, splitting="euler", thin=thin, adapt_preconditioner=False
+        ),
         (0.1, 0.15, 0.2, 0.25),
         draws=30_000,
         draw_time=2.0,
@@ -89,7 +91,7 @@ def test_sgnht_euler_is_first_order():
 
 def test_mccadl_is_second_order():
     biases = measure(
-        lambda h, thin: MCCAdL(step_size=h, friction=1.0, thin=thin),
+        lambda h, thin: MCCAdL(step_size=h, friction=1.0, thin=thin, adapt_preconditioner=False),
         (0.45, 0.6, 0.75, 0.9),
         draws=30_000,
         draw_time=1.5,
@@ -101,7 +103,7 @@ def test_nogin_variance_exact_at_every_step_size():
     problem = weak_order_problem()
     step_sizes = (0.3, 0.6, 0.9, 1.2)  # up to h omega_max = 1.23 (limit 2)
     biases = measure(
-        lambda h, thin: NOGIN(step_size=h, friction=1.0, thin=thin),
+        lambda h, thin: NOGIN(step_size=h, friction=1.0, thin=thin, adapt_preconditioner=False),
         step_sizes,
         draws=15_000,
         draw_time=1.5,
@@ -118,7 +120,7 @@ def test_sghmc_bias_matches_closed_form_of_order_two():
     small = [linear_scheme_bias("SGHMC", problem, h) for h in (1e-3, 2e-3)]
     assert abs(np.log(small[1] / small[0]) / np.log(2.0) - 2.0) < 0.01, small
     biases = measure(
-        lambda h, thin: SGHMC(step_size=h, friction=1.0, thin=thin),
+        lambda h, thin: SGHMC(step_size=h, friction=1.0, thin=thin, adapt_preconditioner=False),
         (0.4, 0.5, 0.6),
         draws=30_000,
         draw_time=2.0,
