@@ -82,7 +82,7 @@ class MCCAdL(Thermostatted):
     name = "mccadl"
     # The C step removes the gradient noise exactly, but only as well as Sigma is estimated
     # from the n rows of one minibatch.
-    noise_tolerance = 0.5
+    noise_tolerance = 0.25
     noise_vectors = 2
     stats_dtypes_shapes = {
         **SGMCMC.common_stats,

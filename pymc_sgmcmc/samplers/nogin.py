@@ -85,7 +85,7 @@ class NOGIN(SGMCMC):
     name = "nogin"
     # Exact for Gaussian noise of known covariance (Lemma 2), but Sigma is estimated from the
     # n rows of one minibatch.
-    noise_tolerance = 0.5
+    noise_tolerance = 0.25
     stats_dtypes_shapes = {
         **SGMCMC.common_stats,
         "kinetic_temperature": (np.float64, []),

@@ -72,8 +72,9 @@ class SGNHT(Thermostatted):
     """
 
     name = "sgnht"
-    # The thermostat absorbs the trace of the gradient noise, not its anisotropy.
-    noise_tolerance = 0.5
+    # The thermostat absorbs the trace of the gradient noise, not its anisotropy: a coordinate
+    # without gradient noise then runs at temperature A / xi >= 1 / (1 + alpha).
+    noise_tolerance = 0.05
     stats_dtypes_shapes = {
         **SGMCMC.common_stats,
         "kinetic_temperature": (np.float64, []),
