@@ -30,7 +30,7 @@ class MSGLD(SGMCMC):
     step_size : float, optional
         :math:`\varepsilon` (same convention as :class:`SGLD`). Default: chosen during
         ``tune``, ``epsilon = min(c / lambda_max, 4 alpha / sigma^2_max)`` in the
-        preconditioned coordinates (see :func:`~pymc_sgmcmc.samplers.sgld.langevin_step_size`).
+        preconditioned coordinates (see ``pymc_sgmcmc.samplers.sgld.langevin_step_size``).
     **kwargs
         ``thin``, ``block_steps``, ``mode``, ``compile_kwargs``, ``model``: see
         :class:`pymc_sgmcmc.base.SGMCMC`.

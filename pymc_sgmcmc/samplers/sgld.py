@@ -75,8 +75,8 @@ class SGLD(SGMCMC):
     step_size : float or PolynomialDecay, optional
         Default: chosen during ``tune``,
         ``epsilon = min(c / lambda_max, 4 alpha / sigma^2_max)`` in the preconditioned
-        coordinates (:func:`langevin_step_size`). Otherwise :math:`\varepsilon` in the
-        convention above (BlackJAX's ``step_size`` is
+        coordinates (``pymc_sgmcmc.samplers.sgld.langevin_step_size``). Otherwise
+        :math:`\varepsilon` in the convention above (BlackJAX's ``step_size`` is
         :math:`\varepsilon/2`). A :class:`PolynomialDecay` gives the paper's decreasing schedule
         :math:`\varepsilon_t = a (b + t)^{-\gamma}`; then posterior expectations are the
         step-weighted averages :math:`\sum_t \varepsilon_t f(\theta_t) / \sum_t \varepsilon_t`
