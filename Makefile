@@ -20,3 +20,9 @@ bench: venv
 
 lint: venv
 	$(PY) -m ruff check pymc_sgmcmc tests examples benchmarks
+
+# The papers' experiments in full mode (long: see examples/README.md); results in examples/output/.
+.PHONY: examples
+examples: venv
+	for e in normal_gamma gmm1d_nogin linear_regression_w2 mnist_logistic; do \
+		$(PY) examples/$$e.py || exit 1; done
