@@ -27,3 +27,9 @@ lint: venv
 docs:
 	@EXTRAS=test,docs bash scripts/venv.sh
 	$(PY) -m sphinx -E -W --keep-going -n -b html docs docs/_build/html
+
+# The papers' experiments in full mode (long: see examples/README.md); results in examples/output/.
+.PHONY: examples
+examples: venv
+	for e in normal_gamma gmm1d_nogin linear_regression_w2 mnist_logistic; do \
+		$(PY) examples/$$e.py || exit 1; done
