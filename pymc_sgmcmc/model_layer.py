@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from functools import cached_property
+from functools import cached_property, partial
 
 import numpy as np
 import pymc as pm
@@ -348,10 +348,12 @@ class SGModel:
         fixed_lp, batch_lp = joined[0], joined[1]
         self.fixed_logp = fixed_lp
         self.logp = fixed_lp + batch_lp
-        self.fixed_force = pt.grad(fixed_lp, theta)
-        self.force = self.fixed_force + pt.grad(batch_lp, theta) if batch_rows else self.fixed_force
+        # A term may not depend on every coordinate (a pm.Flat prior has a constant logp).
+        grad = partial(pt.grad, wrt=theta, disconnected_inputs="ignore")
+        self.fixed_force = grad(fixed_lp)
+        self.force = self.fixed_force + grad(batch_lp) if batch_rows else self.fixed_force
         if row_lp is not None:
-            row_grad = pt.grad(joined[2], theta) / self.batch_size
+            row_grad = grad(joined[2]) / self.batch_size
             self._row_gradient = (row_grad, single)
             self.per_observation_gradients = vectorize_graph(
                 row_grad,

@@ -150,6 +150,20 @@ def test_pm_data_minibatch_reads_the_shared_data():
     np.testing.assert_allclose(fn(np.array([0.1]), idx), -0.1 + 6 * (x[:5] + 0.9).sum())
 
 
+def test_flat_prior_has_no_prior_force():
+    # pm.Flat's log-density is constant: its gradient is disconnected, i.e. zero.
+    rng = np.random.default_rng(1)
+    x = rng.standard_normal(40)
+    with pm.Model() as model:
+        x_mb = pm.Minibatch(x, batch_size=8)
+        mu = pm.Flat("mu")
+        pm.Normal("obs", mu, 1, observed=x_mb, total_size=40)
+    sg = SGModel(model, model.value_vars)
+    fn = pytensor.function([sg.theta, *sg.indices], sg.force, mode="FAST_COMPILE")
+    idx = np.arange(8)
+    np.testing.assert_allclose(fn(np.array([0.2]), idx), 5 * (x[:8] - 0.2).sum())
+
+
 def test_sqrt_of_shifted_covariance_is_exact_in_both_spaces():
     rng = np.random.default_rng(2)
     for n_rows, dim in [(20, 5), (5, 20)]:
