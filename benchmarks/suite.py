@@ -102,6 +102,7 @@ class Config:
     cold: str
     nuts_p4: bool
     baselines: list[str]
+    nuts_references: bool
     p4_short: tuple[int, int]
     nuts: tuple[int, int]
 
@@ -530,7 +531,7 @@ def wants_compile_times(cfg: Config, problem_index: int, name: str) -> bool:
 def bench_problem(key: str, index: int, cfg: Config) -> tuple[list[Result], dict]:
     """All methods on one problem."""
     problem = make_problem(key)
-    ref, cov_u, centre, laplace = reference(problem, allow_nuts=not cfg.quick)
+    ref, cov_u, centre, laplace = reference(problem, allow_nuts=cfg.nuts_references)
     s = Settings(problem.curvature(cov_u), problem.noise_scale(centre))
     info = {
         "title": problem.title,
@@ -657,6 +658,18 @@ def ratio_table(all_rows: dict[str, list[Result]]) -> list[str]:
     return lines
 
 
+def busy_note(header: dict, cores: int) -> str:
+    """Flags a run whose load average exceeded the core count: its timings are inflated."""
+    loads = [float(x) for h in ("load_before", "load_after") for x in header[h].split(", ")]
+    if max(loads) <= cores:
+        return "- the machine was quiet (load average at most the core count)"
+    return (
+        f"- **the machine was busy (load average up to {max(loads):.1f} on {cores} cores): "
+        "absolute timings are inflated and noisy; ratios measured close together are more "
+        "robust than absolute numbers**"
+    )
+
+
 def write_report(cfg: Config, all_rows, infos, header: dict, path: Path) -> None:
     v, mach = header["versions"], header["machine"]
     lines = [
@@ -671,6 +684,7 @@ def write_report(cfg: Config, all_rows, infos, header: dict, path: Path) -> None
         f"- machine: {mach['cpu']}, {mach['cores']} cores, {mach['platform']}",
         f"- load average (1, 5, 15 min): before {header['load_before']}; "
         f"after {header['load_after']}",
+        busy_note(header, int(mach["cores"])),
         "- versions: " + ", ".join(f"{k} {val}" for k, val in v.items()),
         f"- per method: a run of about {cfg.budget_s:g} s (at most {cfg.max_steps:,} steps), "
         f"thin = {cfg.thin}, one chain, seed {cfg.seed}",
@@ -719,6 +733,20 @@ def parse_args(argv: list[str]) -> tuple[Config, Path | None]:
         choices=["numpy", "blackjax", "nuts"],
         help="baselines to run (none: only our samplers)",
     )
+    p.add_argument(
+        "--no-nuts-references",
+        action="store_true",
+        help="logistic problems without a stored NUTS reference use the Laplace approximation "
+        "instead of computing one (a few minutes each on a quiet machine)",
+    )
+    p.add_argument(
+        "--p4-short",
+        nargs=2,
+        type=int,
+        default=None,
+        metavar=("TUNE", "DRAWS"),
+        help="the short NUTS run behind P4's projection (default 50 50; --quick 10 10)",
+    )
     p.add_argument("--output", type=Path, default=None, help="markdown file to write")
     a = p.parse_args(argv)
     quick = a.quick
@@ -733,7 +761,8 @@ def parse_args(argv: list[str]) -> tuple[Config, Path | None]:
         cold=a.cold or ("none" if quick else "first"),
         nuts_p4=a.nuts_p4,
         baselines=a.baselines,
-        p4_short=(10, 10) if quick else (100, 100),
+        nuts_references=not (quick or a.no_nuts_references),
+        p4_short=tuple(a.p4_short) if a.p4_short else ((10, 10) if quick else (50, 50)),
         nuts=(200, 200) if quick else NUTS_DEFAULT,
     ), a.output
 
