@@ -52,7 +52,17 @@ import warnings
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-import numpy as np
+# One thread for every runtime (OpenBLAS behind NumPy and numba, XLA's Eigen pool), set before
+# NumPy or JAX load: a per-core comparison, and no spinning thread pools when the machine is
+# shared (oversubscribed pools made JAX and BLAS-heavy samplers 10-100x slower in testing).
+# A variable already set in the environment wins.
+for _var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "NUMBA_NUM_THREADS"):
+    os.environ.setdefault(_var, "1")
+os.environ.setdefault(
+    "XLA_FLAGS", "--xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1"
+)
+
+import numpy as np  # noqa: E402
 
 HERE = Path(__file__).parent
 sys.path.insert(0, str(HERE))
@@ -316,7 +326,7 @@ def run_numpy_sgld(problem: Problem, ref: Reference, s: Settings, cfg: Config) -
     draws, times = [], []
     start = time.perf_counter()
     steps = 0
-    while steps < cfg.max_steps and (not times or times[-1] < cfg.budget_s):
+    while steps < 3 * CHUNK or (steps < cfg.max_steps and times[-1] < cfg.budget_s):
         for i in range(CHUNK):
             force = problem.numpy_force(theta, rng.integers(0, n_obs, n))
             theta = theta + 0.5 * eps * force + np.sqrt(eps) * rng.standard_normal(dim)
@@ -392,7 +402,7 @@ def run_blackjax(problem: Problem, ref: Reference, algo: str, s: Settings, cfg: 
     state = jax.tree.map(lambda v: jnp.asarray(v, dtype=jnp.float64), state)
     draws, times = [], []
     steps = 0
-    while steps < cfg.max_steps and (not times or times[-1] < cfg.budget_s):
+    while steps < 3 * CHUNK or (steps < cfg.max_steps and times[-1] < cfg.budget_s):
         key, sub = jax.random.split(key)
         state, pos = run_chunk(state, sub, data)
         draws.append(np.asarray(pos))  # blocks until the chunk is done
@@ -686,6 +696,7 @@ def write_report(cfg: Config, all_rows, infos, header: dict, path: Path) -> None
         f"after {header['load_after']}",
         busy_note(header, int(mach["cores"])),
         "- versions: " + ", ".join(f"{k} {val}" for k, val in v.items()),
+        f"- threads: {header['threads']}",
         f"- per method: a run of about {cfg.budget_s:g} s (at most {cfg.max_steps:,} steps), "
         f"thin = {cfg.thin}, one chain, seed {cfg.seed}",
         "",
@@ -781,6 +792,10 @@ def main(argv: list[str]) -> None:
         "machine": machine(),
         "versions": versions(),
         "load_before": load_average(),
+        "threads": ", ".join(
+            f"{v}={os.environ.get(v)}"
+            for v in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "NUMBA_NUM_THREADS", "XLA_FLAGS")
+        ),
     }
     print(f"load average before: {header['load_before']}", flush=True)
     all_rows, infos = {}, {}
