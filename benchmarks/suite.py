@@ -767,7 +767,7 @@ def parse_args(argv: list[str]) -> tuple[Config, Path | None]:
         samplers=a.samplers or (["SGLD", "SGNHT"] if quick else list(SAMPLERS)),
         thin=a.thin,
         budget_s=a.budget or (2.0 if quick else 20.0),
-        max_steps=a.max_steps or (20_000 if quick else 400_000),
+        max_steps=a.max_steps or (20_000 if quick else 1_000_000),
         seed=a.seed,
         cold=a.cold or ("none" if quick else "first"),
         nuts_p4=a.nuts_p4,
