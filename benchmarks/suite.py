@@ -295,9 +295,10 @@ def run_sgld_thin1(problem: Problem, s: Settings, cfg: Config) -> Result:
 
 
 def first_draw_subprocess(key: str, name: str, s: Settings, compiledir: str) -> float:
-    """Time to first draw in a fresh process whose PyTensor compile directory is given."""
+    """Time to first draw in a fresh process whose PyTensor base compile directory is given
+    (PyTensor's numba cache lives in ``base_compiledir/numba``, not in ``compiledir``)."""
     flags = os.environ.get("PYTENSOR_FLAGS", "")
-    env = {**os.environ, "PYTENSOR_FLAGS": f"{flags},compiledir={compiledir}".lstrip(",")}
+    env = {**os.environ, "PYTENSOR_FLAGS": f"{flags},base_compiledir={compiledir}".lstrip(",")}
     out = subprocess.run(
         [sys.executable, __file__, "--first-draw", key, name, str(s.lam), str(s.noise)],
         env=env,
