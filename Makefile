@@ -33,3 +33,12 @@ docs:
 examples: venv
 	for e in normal_gamma gmm1d_nogin linear_regression_w2 mnist_logistic; do \
 		$(PY) examples/$$e.py || exit 1; done
+
+# Benchmark suite (issue 4): every sampler inside pm.sample on P1-P4 and MNIST against a NumPy
+# SGLD, BlackJAX SGLD/SGNHT (extra `bench`, installed here if missing) and PyMC NUTS; writes
+# benchmarks/suite_results.md. Options: make bench-suite SUITE_ARGS="--quick" (or --nuts-p4, ...).
+.PHONY: bench-suite
+bench-suite: venv
+	@$(PY) -c "import blackjax, jax" 2>/dev/null || $(PY) -m pip install --quiet -e ".[bench]" \
+		|| echo "note: BlackJAX/JAX could not be installed: their baselines will be skipped"
+	$(PY) benchmarks/suite.py $(SUITE_ARGS)
