@@ -144,6 +144,7 @@ class SGMCMC(ArrayStepShared):
         "step_size": (np.float64, []),
         "diverging": (bool, []),
         "divergences": (np.int64, []),
+        "thin": (np.int64, []),
         "minibatch_logp": (np.float64, []),
     }
 
@@ -551,6 +552,7 @@ class SGMCMC(ArrayStepShared):
             "step_size": h[stored],
             "minibatch_logp": logps[stored],
             "diverging": np.zeros(n_draws, dtype=bool),
+            "thin": np.full(n_draws, self.thin, dtype=np.int64),
             **{name: values[stored] for name, values in zip(stat_names, stats, strict=True)},
         }
         for name in self._integrator_stat_names():

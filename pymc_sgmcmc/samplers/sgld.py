@@ -99,6 +99,9 @@ class SGLD(SGMCMC):
         chain restarted from it.
     divergences : int
         Number of diverging draws so far in this chain.
+    thin : int
+        Integrator steps per stored draw (chosen with the step size during ``tune`` when
+        neither is given).
     minibatch_logp : float
         Unbiased minibatch estimate of the model log-density (``model.logp()``) at the draw:
         log prior plus N/n times the batch log-likelihood. The exact value is not reported

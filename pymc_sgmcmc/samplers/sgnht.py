@@ -61,6 +61,9 @@ class SGNHT(Thermostatted):
         chain restarted from it.
     divergences : int
         Number of diverging draws so far in this chain.
+    thin : int
+        Integrator steps per stored draw (chosen with the step size during ``tune`` when
+        neither is given).
     minibatch_logp : float
         Unbiased minibatch estimate of the model log-density at the draw (see
         :class:`~pymc_sgmcmc.SGLD`).
