@@ -136,6 +136,10 @@ class SGMCMC(ArrayStepShared):
 
     name: ClassVar[str] = "sgmcmc"
     default_blocked = True
+    #: ``pm.sample(tune=None)`` asks the step for its tuning length: 1,000 tuning draws (at the
+    #: adapted ``thin``), with which every sampler met the accuracy of
+    #: ``benchmarks/adaptation_results.md`` on all four test models.
+    default_tune_steps: ClassVar[int] = 1000
     _state_class = SGMCMCState
     #: Number of standard-normal D-vectors each integrator step consumes.
     noise_vectors: ClassVar[int] = 1

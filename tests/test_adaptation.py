@@ -105,6 +105,14 @@ def test_user_step_size_is_kept_and_preconditioner_can_be_switched_off():
     assert np.all(fixed.scale == 1.0)
 
 
+def test_tune_none_asks_for_the_documented_warm_up():
+    from pymc.sampling.mcmc import get_default_tune_steps
+
+    with WideGaussian.make().model():
+        step = NOGIN()
+    assert get_default_tune_steps(step, None) == 1000
+
+
 def test_adaptation_is_reproducible_across_cores():
     problem = WideGaussian.make()
     draws = []
