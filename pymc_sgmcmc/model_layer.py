@@ -434,14 +434,12 @@ class SGModel:
         a few dozen gradient evaluations, never a D x D matrix. ``noise`` is 0 without
         ``pm.Minibatch``; either value is nan where the model is not finite at ``theta``.
         """
-        hvp_fn, rows_fn = self._geometry_functions
-        idx = [i for i in self.draw_indices(rng, batches)]
-        batch_idx = [[i[b] for i in idx] for b in range(batches)]
-
-        def hessian(v):
-            return scale * np.mean([hvp_fn(theta, *ix, scale * v) for ix in batch_idx], axis=0)
-
-        curvature = _power_iteration(hessian, rng.standard_normal(self.dim), iterations)
+        _, rows_fn = self._geometry_functions
+        batch_idx = self._batch_indices(rng, batches)
+        hessian = self._averaged_hessian(theta, batch_idx)
+        curvature = _power_iteration(
+            lambda v: scale * hessian(scale * v), rng.standard_normal(self.dim), iterations
+        )
         if rows_fn is None:
             return curvature, 0.0
         noise = []
@@ -462,17 +460,25 @@ class SGModel:
         """The diagonal of the Hessian of -log p at ``theta``, averaged over ``batches``
         minibatches: exact from D Hessian-vector products up to D = ``probes``, above that
         Hutchinson's estimate E[v * Hv] over ``probes`` Rademacher vectors."""
-        hvp_fn, _ = self._geometry_functions
-        idx = self.draw_indices(rng, batches)
-        batch_idx = [[i[b] for i in idx] for b in range(batches)]
-
-        def hessian(v):
-            return np.mean([hvp_fn(theta, *ix, v) for ix in batch_idx], axis=0)
-
+        hessian = self._averaged_hessian(theta, self._batch_indices(rng, batches))
         if self.dim <= probes:
             return np.array([hessian(e)[k] for k, e in enumerate(np.eye(self.dim))])
         vs = rng.choice([-1.0, 1.0], size=(probes, self.dim))
         return np.mean([v * hessian(v) for v in vs], axis=0)
+
+    def _batch_indices(self, rng: np.random.Generator, batches: int) -> list[list[np.ndarray]]:
+        """Index vectors (one per ``pm.Minibatch`` source) of ``batches`` minibatches."""
+        idx = self.draw_indices(rng, batches)
+        return [[i[b] for i in idx] for b in range(batches)]
+
+    def _averaged_hessian(self, theta: np.ndarray, batch_idx):
+        """v -> H v, the Hessian of -log p at ``theta`` averaged over the given minibatches."""
+        hvp_fn, _ = self._geometry_functions
+
+        def hessian(v):
+            return np.mean([hvp_fn(theta, *ix, v) for ix in batch_idx], axis=0)
+
+        return hessian
 
     @cached_property
     def _geometry_functions(self):
