@@ -192,6 +192,28 @@ class SGMCMC(ArrayStepShared):
     stability_constant: ClassVar[float] = 0.5
     noise_tolerance: ClassVar[float] = 0.5
 
+    #: The covariance-controlled samplers' noise-estimate option (see
+    #: :meth:`_set_noise_shrinkage`); None everywhere else.
+    noise_shrinkage: float | str | None = None
+
+    def _set_noise_shrinkage(self, value: float | str | None) -> None:
+        """None: the papers' estimate; "auto": Ledoit-Wolf intensity chosen during tuning;
+        a number in [0, 1]: that fixed intensity."""
+        if value is not None and value != "auto":
+            if isinstance(value, str) or not 0.0 <= float(value) <= 1.0:
+                raise ValueError(
+                    f"noise_shrinkage must be None, 'auto' or a number in [0, 1], got {value!r}"
+                )
+            value = float(value)
+        self.noise_shrinkage = value
+
+    def noise_estimate(self, sigma):
+        """The covariance the integrator uses: the minibatch estimate ``sigma``, shrunk
+        towards a multiple of the identity when ``noise_shrinkage`` is set."""
+        if self.noise_shrinkage is None:
+            return sigma
+        return sigma.shrunk(self.target.shrinkage)
+
     def _set_step_size(self, step_size: float | None) -> None:
         """``None``: adapt during ``tune``; otherwise the user's fixed step size."""
         self.user_step_size = None if step_size is None else positive("step_size", step_size)
@@ -282,14 +304,16 @@ class SGMCMC(ArrayStepShared):
         ]
         noise = pt.tensor("noise", shape=(self.noise_vectors, self.dim))
         scale = pt.vector("scale", shape=(self.dim,))
+        shrinkage = pt.scalar("noise_shrinkage")
+        kernel = [scale, shrinkage]  # inputs that change between blocks without recompiling
         h0 = pt.scalar("h")
-        self.target = ScaledTarget(ml, scale)
+        self.target = ScaledTarget(ml, scale, shrinkage)
         evaluated = self.initial_evaluation(theta, indices, noise, h0)
         kwargs = {"mode": self.mode, **self.compile_kwargs, "on_unused_input": "ignore"}
         init_fn = None
         if evaluated:
             init_fn = self._function(
-                [theta, *indices, noise, h0, scale], list(evaluated.values()), kwargs
+                [theta, *indices, noise, h0, *kernel], list(evaluated.values()), kwargs
             )
 
         aux = self.initial_auxiliary(np.random.default_rng(0))
@@ -331,7 +355,7 @@ class SGMCMC(ArrayStepShared):
         )
         states, traces = outputs[: len(names)], outputs[len(names) :]
         block_fn = self._function(
-            [*(state0[n] for n in names), *index_seqs, noise_seq, h_seq, scale],
+            [*(state0[n] for n in names), *index_seqs, noise_seq, h_seq, *kernel],
             [*(s[-1] for s in states), *traces],
             kwargs,
         )
@@ -404,6 +428,8 @@ class SGMCMC(ArrayStepShared):
         self.best_logp = -np.inf
         self.step_size = self.user_step_size
         self.scale = np.ones(self.dim)
+        self.shrinkage = 0.0 if self.noise_shrinkage in (None, "auto") else self.noise_shrinkage
+        self.shrinkage_due = self.noise_shrinkage == "auto"
         self.thin = 1 if self.user_thin is None else self.user_thin
         self.tune_drawn = 0
         adapting = self.adapt_preconditioner or self.user_step_size is None
@@ -425,6 +451,7 @@ class SGMCMC(ArrayStepShared):
         if self.tune:
             self.chain_state = None
             self.buffer = None
+            self.shrinkage_due = self.noise_shrinkage == "auto"
         self.tune = False
 
     def astep(self, q0: RaveledVars) -> tuple[RaveledVars, list[dict[str, Any]]]:
@@ -482,6 +509,7 @@ class SGMCMC(ArrayStepShared):
         self.window = WindowVariance(self.dim)
         self.chain_state = None
         self.buffer = None
+        self.shrinkage_due = self.noise_shrinkage == "auto"
 
     def _initial_kernel(self, theta: np.ndarray) -> None:
         """Chain start with an adapted step size. Before any draws, the preconditioner is
@@ -511,6 +539,19 @@ class SGMCMC(ArrayStepShared):
             return 0.5 * self.step_size if self.step_size else 1e-3
         return self.adapted_step_size(curvature, noise if np.isfinite(noise) else 0.0, phase)
 
+    @property
+    def _kernel(self) -> tuple[np.ndarray, float]:
+        """Values of the compiled functions' kernel inputs: preconditioner, noise shrinkage."""
+        return self.scale, self.shrinkage
+
+    def _estimate_shrinkage(self, theta: np.ndarray) -> None:
+        """Ledoit-Wolf intensity for ``noise_shrinkage="auto"``, from minibatch gradients at
+        the last tuning draws (or at ``theta`` at a chain start), in the current coordinates:
+        re-estimated after every adaptation window and at the end of tuning, then fixed."""
+        points = self.recent or [theta]
+        self.shrinkage = self.sg_model.shrinkage_intensity(points, self.scale, self.rng)
+        self.shrinkage_due = False
+
     def _set_kernel(self, step_size: float) -> None:
         self.step_size = float(step_size)
         if self.user_thin is None:
@@ -523,7 +564,7 @@ class SGMCMC(ArrayStepShared):
         if init_fn is not None:
             indices = [i[0] for i in self.sg_model.draw_indices(self.rng, 1)]
             noise = self.rng.standard_normal((self.noise_vectors, self.dim))
-            values = init_fn(state["theta"], *indices, noise, self.step_size, self.scale)
+            values = init_fn(state["theta"], *indices, noise, self.step_size, *self._kernel)
             state.update(zip(evaluated, values, strict=True))
         state.update(self.initial_auxiliary(self.rng))
         return {n: state[n] for n in names}
@@ -533,6 +574,8 @@ class SGMCMC(ArrayStepShared):
         if self.step_size is None:
             self._initial_kernel(theta)
         if self.chain_state is None:
+            if self.shrinkage_due:
+                self._estimate_shrinkage(theta)
             self.chain_state = self._initial_state(theta)
         n_draws = max(1, self.block_steps // self.thin)
         if self.draws_left is not None and self.draws_left > 0:
@@ -548,7 +591,7 @@ class SGMCMC(ArrayStepShared):
         h = np.asarray(self.step_sizes(step_index), dtype=config.floatX)
         indices = self.sg_model.draw_indices(self.rng, n_steps)
         noise = self.rng.standard_normal((n_steps, self.noise_vectors, self.dim))
-        out = block_fn(*(self.chain_state[n] for n in names), *indices, noise, h, self.scale)
+        out = block_fn(*(self.chain_state[n] for n in names), *indices, noise, h, *self._kernel)
         final, (thetas, logps, sane, *stats) = out[: len(names)], out[len(names) :]
         stored = slice(self.thin - 1, None, self.thin)
         buffer = {

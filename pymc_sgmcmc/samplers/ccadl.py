@@ -52,6 +52,17 @@ class CCAdL(Thermostatted):
         Weight :math:`\kappa` of the newest estimate. Default: :math:`\kappa_t = 1/t` (the
         paper; t counts steps from the chain's (re)start, so the average restarts at the end of
         tuning). A fixed :math:`\kappa \in (0, 1]` gives an exponential moving average.
+    noise_shrinkage : {None, "auto"} or float, default None
+        None uses the paper's estimate of :math:`\Sigma` from each minibatch. Otherwise that
+        estimate (before the moving average) is shrunk towards the multiple of the identity
+        with the same trace,
+        :math:`(1-\rho)\hat\Sigma + \rho \operatorname{tr}(\hat\Sigma)/D\, I` (in the
+        preconditioned coordinates), with :math:`\rho` Ledoit & Wolf's (2004) optimal
+        intensity estimated from the per-observation gradients at the chain start, after
+        every adaptation window and at the end of ``tune`` ("auto"; then fixed), or the
+        given number in [0, 1]. It removes most of the variance inflation at large step
+        sizes that comes from the sample covariance's eigenvalue spread (see
+        ``benchmarks/noise_estimator_results.md``), at no extra cost per step.
     **kwargs
         ``thin``, ``block_steps``, ``mode``, ``compile_kwargs``, ``model``,
         ``divergence_threshold``: see :class:`pymc_sgmcmc.base.SGMCMC`.
@@ -85,6 +96,8 @@ class CCAdL(Thermostatted):
         :math:`\xi`.
     noise_trace : float
         :math:`\operatorname{tr}\hat\Sigma` of the draw's minibatch.
+    noise_shrinkage : float
+        The shrinkage intensity :math:`\rho` in use (0 for the paper's estimate).
     """
 
     name = "ccadl"
@@ -96,6 +109,7 @@ class CCAdL(Thermostatted):
         "kinetic_temperature": (np.float64, []),
         "thermostat": (np.float64, []),
         "noise_trace": (np.float64, []),
+        "noise_shrinkage": (np.float64, []),
     }
 
     def __init__(
@@ -107,9 +121,11 @@ class CCAdL(Thermostatted):
         thermostat_mass: float | None = None,
         covariance: Literal["full", "diag"] | None = None,
         averaging: float | None = None,
+        noise_shrinkage: float | Literal["auto"] | None = None,
         **kwargs,
     ):
         self._set_step_size(step_size)
+        self._set_noise_shrinkage(noise_shrinkage)
         self.friction = positive("friction", friction)
         if covariance not in (None, "full", "diag"):
             raise ValueError(f"covariance must be 'full' or 'diag', got {covariance!r}")
@@ -128,6 +144,7 @@ class CCAdL(Thermostatted):
 
     def evaluate(self, theta, indices, noise, h):
         force, logp, sigma = self.target.force_logp_and_noise(theta, indices)
+        sigma = self.noise_estimate(sigma)
         estimate = sigma.dense() if self.covariance == "full" else sigma.diagonal()
         return {"force": force, "logp": logp, "sigma": estimate, "noise_trace": sigma.trace()}
 
@@ -166,5 +183,6 @@ class CCAdL(Thermostatted):
             "kinetic_temperature": kinetic_temperature(p_new),
             "thermostat": xi,
             "noise_trace": evaluated["noise_trace"],
+            "noise_shrinkage": self.target.shrinkage,
         }
         return self.carried(new, stats)

@@ -7,6 +7,7 @@ from typing import Literal
 import numpy as np
 
 from pymc_sgmcmc.base import SGMCMC, Step, Thermostatted, positive
+from pymc_sgmcmc.model_layer import TAYLOR_THETA
 from pymc_sgmcmc.operators import drift, kick, kinetic_temperature, ornstein_uhlenbeck, thermostat
 
 __all__ = ["MCCAdL"]
@@ -44,6 +45,24 @@ class MCCAdL(Thermostatted):
         Form of :math:`\Sigma` for the C step: products with the centred per-observation
         gradients (O(nD) each, never forming D x D), the D x D matrix (O(nD^2) to form, then
         O(D^2) per product) or its diagonal.
+    noise_shrinkage : {None, "auto"} or float, default None
+        None uses the paper's estimate of :math:`\Sigma` from one minibatch. Otherwise the
+        estimate is shrunk towards the multiple of the identity with the same trace,
+        :math:`(1-\rho)\hat\Sigma + \rho \operatorname{tr}(\hat\Sigma)/D\, I` (in the
+        preconditioned coordinates), with :math:`\rho` Ledoit & Wolf's (2004) optimal
+        intensity estimated from the per-observation gradients at the chain start, after
+        every adaptation window and at the end of ``tune`` ("auto"; then fixed), or the
+        given number in [0, 1]. It removes the part of the variance inflation at large step
+        sizes that comes from the sample covariance's eigenvalue spread, and makes the C step
+        cheaper (its Taylor product only sees (1 - rho) times the spread); the rest of
+        mCCAdL's inflation at large h comes from the gradient noise h^2 Sigma per step
+        outgrowing the unit momentum variance the C step can remove (see
+        ``benchmarks/noise_estimator_results.md``).
+    expm_tolerance : {"single", "double"}, default "single"
+        Backward-error tolerance of the Taylor product, 2^-24 or 2^-53 relative to
+        :math:`\|\tfrac{h^2}{2}\Sigma\|` (Al-Mohy & Higham's tables). Single precision
+        perturbs :math:`\Sigma` by 6e-8 relative, far below its estimation error from n rows,
+        with about half the products of double precision.
     **kwargs
         ``thin``, ``block_steps``, ``mode``, ``compile_kwargs``, ``model``,
         ``divergence_threshold``: see :class:`pymc_sgmcmc.base.SGMCMC`.
@@ -53,8 +72,9 @@ class MCCAdL(Thermostatted):
     ``tune`` draws adapt the kernel (step size if not given, diagonal preconditioner, thin;
     see :class:`pymc_sgmcmc.base.SGMCMC`); after tuning the kernel is fixed.
     Momentum :math:`N(0, I)` and :math:`\xi = A` at every chain
-    (re)start and at the end of tuning. The C step costs s·m covariance-vector products,
-    about 8 power-iteration products and one force evaluation more per step than SGNHT.
+    (re)start and at the end of tuning. The C step costs s·m covariance-vector products plus
+    7 for the power iteration that bounds :math:`\|\Sigma\|` for the choice of (s, m);
+    the per-observation gradients cost 1.1-1.4 summed-gradient evaluations.
 
     Sampler stats
     -------------
@@ -80,6 +100,8 @@ class MCCAdL(Thermostatted):
         s, the number of Taylor-polynomial applications in the C step that followed the draw.
     expm_degree : int
         m, the Taylor degree in that C step.
+    noise_shrinkage : float
+        The shrinkage intensity :math:`\rho` in use (0 for the paper's estimate).
     """
 
     name = "mccadl"
@@ -94,6 +116,7 @@ class MCCAdL(Thermostatted):
         "noise_trace": (np.float64, []),
         "expm_scaling": (np.int64, []),
         "expm_degree": (np.int64, []),
+        "noise_shrinkage": (np.float64, []),
     }
 
     def __init__(
@@ -104,15 +127,25 @@ class MCCAdL(Thermostatted):
         friction: float = 1.0,
         thermostat_mass: float | None = None,
         covariance: Literal["lowrank", "full", "diag"] = "lowrank",
+        noise_shrinkage: float | Literal["auto"] | None = None,
+        expm_tolerance: Literal["single", "double"] = "single",
         **kwargs,
     ):
         self._set_step_size(step_size)
+        self._set_noise_shrinkage(noise_shrinkage)
         self.friction = positive("friction", friction)
         if covariance not in ("lowrank", "full", "diag"):
             raise ValueError(f"covariance must be 'lowrank', 'full' or 'diag', got {covariance!r}")
         self.covariance = covariance
+        if expm_tolerance not in TAYLOR_THETA:
+            raise ValueError(f"expm_tolerance must be 'single' or 'double', got {expm_tolerance!r}")
+        self.expm_tolerance = expm_tolerance
         super().__init__(vars, **kwargs)
         self._set_thermostat_mass(thermostat_mass)
+
+    def _noise(self, theta, indices):
+        force, logp, sigma = self.target.force_logp_and_noise(theta, indices)
+        return force, logp, self.noise_estimate(sigma.as_form(self.covariance))
 
     def initial_evaluation(self, theta, indices, noise, h):
         return {}  # the force is evaluated at the top of each iteration
@@ -120,15 +153,14 @@ class MCCAdL(Thermostatted):
     def integrate(self, state, indices, noise, h):
         mu, a, half = self.thermostat_mass, self.friction, h / 2.0
         theta, xi = state["theta"], state["thermostat"]
-        force, logp, sigma = self.target.force_logp_and_noise(theta, indices)
-        sigma = sigma.as_form(self.covariance)
+        force, logp, sigma = self._noise(theta, indices)
         p_draw = kick(state["momentum"], force, half)  # last B(h/2) of the previous step
 
         p = kick(p_draw, force, half)  # B(h/2), the same force
         theta_new = drift(theta, p, half)  # A(h/2)
         p = ornstein_uhlenbeck(p, xi, a, half, noise[0])  # O(h/2) with the old xi
         xi_new = thermostat(xi, p, half, mu)  # D(h/2)
-        p, s, m = sigma.expm_matvec(-(h**2) / 2.0, p)  # C(h): exp(-(h^2/2) Sigma) p
+        p, s, m = sigma.expm_matvec(-(h**2) / 2.0, p, self.expm_tolerance)  # C(h)
         xi_new = thermostat(xi_new, p, half, mu)  # D(h/2)
         p = ornstein_uhlenbeck(p, xi_new, a, half, noise[1])  # O(h/2) with the new xi
         theta_new = drift(theta_new, p, half)  # A(h/2)
@@ -139,6 +171,7 @@ class MCCAdL(Thermostatted):
             "noise_trace": sigma.trace(),
             "expm_scaling": s,
             "expm_degree": m,
+            "noise_shrinkage": self.target.shrinkage,
         }
         new = {"theta": theta_new, "momentum": p, "thermostat": xi_new}
         return Step(new, theta, logp, stats)
