@@ -26,11 +26,13 @@ schemes). The example records
   the 20 % burn-in): the mCCAdL paper's Table 3;
 * the number of diverging draws (a run that diverged gets NaN, the papers' convention).
 
-Run: ``.venv/bin/python examples/drbm.py [--quick] [--output-dir DIR]``.
+Run: ``.venv/bin/python examples/drbm.py [--quick] [--output-dir DIR]``; the figure alone is
+redrawn from the CSV files by ``plot_curves(folder)``.
 """
 
 from __future__ import annotations
 
+import csv
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -239,25 +241,41 @@ def settings(quick: bool) -> dict[str, Any]:
     }
 
 
-def plot_curves(curves: dict, budget: dict, path: Path) -> Path:
+def plot_curves(folder: Path) -> Path:
     """Test error of the predictive mean against passes, one panel per data set (the papers'
-    Figure 3 / Figure 4)."""
-    datasets = list(budget["settings"])
+    Figure 3 / Figure 4), from the ``test_error.csv`` and ``test_error_curves.csv`` in
+    ``folder``; a run that diverged is drawn dotted (its draws are restarts from its last sane
+    draw, not samples)."""
+    table = _read_csv(folder / "test_error.csv")
+    curves = _read_csv(folder / "test_error_curves.csv")
+    diverged = {(r["dataset"], r["sampler"]) for r in table if int(r["divergences"]) > 0}
+    datasets = list(dict.fromkeys(r["dataset"] for r in table))
     fig, axes = plt.subplots(1, len(datasets), figsize=(5.5 * len(datasets), 4), squeeze=False)
     colours = dict(zip(SAMPLERS, plt.rcParams["axes.prop_cycle"].by_key()["color"], strict=False))
-    for ax, setting in zip(axes[0], datasets, strict=True):
-        for (dataset, sampler), (x, errors) in curves.items():
-            if dataset == setting.dataset:
-                ax.semilogx(x, errors, color=colours[sampler], label=sampler)
+    for ax, dataset in zip(axes[0], datasets, strict=True):
+        setting = next(s for s in SETTINGS if s.dataset == dataset)
+        for sampler in dict.fromkeys(r["sampler"] for r in table if r["dataset"] == dataset):
+            points = [r for r in curves if (r["dataset"], r["sampler"]) == (dataset, sampler)]
+            x = [float(r["passes"]) for r in points]
+            errors = [float(r["test_error"]) for r in points]
+            bad = (dataset, sampler) in diverged
+            label = f"{sampler} (diverged)" if bad else sampler
+            style = ":" if bad else "-"
+            ax.semilogx(x, errors, style, color=colours[sampler], label=label)
         ax.set_title(
-            f"{setting.dataset}, H = {setting.hidden}, h = {setting.h:g}, A = {setting.friction:g}"
+            f"{dataset}, H = {setting.hidden}, h = {setting.h:g}, A = {setting.friction:g}"
         )
         ax.set_xlabel("passes over the training data")
         ax.set_ylabel("test error of the predictive mean")
         ax.grid(alpha=0.3)
-    axes[0, 0].legend(fontsize=8)
+        ax.legend(fontsize=8)
     fig.tight_layout()
-    return save_figure(fig, path)
+    return save_figure(fig, folder / "test_error.png")
+
+
+def _read_csv(path: Path) -> list[dict[str, str]]:
+    with path.open() as f:
+        return list(csv.DictReader(f))
 
 
 def write_results(rows: list[dict], curve_rows: list[dict], budget: dict, folder: Path) -> None:
@@ -281,7 +299,7 @@ def main(quick: bool = False, output_dir: str | Path | None = None) -> list[dict
     ``test_error.png``."""
     folder = results_dir(NAME, output_dir)
     budget = settings(quick)
-    rows, curves, curve_rows = [], {}, []
+    rows, curve_rows = [], []
     for setting in budget["settings"]:
         data = load_dataset(setting.dataset)
         model = build_model(data["X"], data["y"], setting.hidden)
@@ -290,14 +308,13 @@ def main(quick: bool = False, output_dir: str | Path | None = None) -> list[dict
         for k, sampler in enumerate(budget["samplers"]):
             row, x, errors = run_cell(setting, model, data, init, sampler, budget, seed=30 + k)
             rows.append(row)
-            curves[(setting.dataset, sampler)] = (x, errors)
             curve_rows += [
                 {"dataset": setting.dataset, "sampler": sampler, "passes": p, "test_error": e}
                 for p, e in zip(x, errors, strict=True)
             ]
             print(", ".join(f"{key}={value}" for key, value in row.items()), flush=True)
             write_results(rows, curve_rows, budget, folder)  # after every run: long jobs
-    plot_curves(curves, budget, folder / "test_error.png")
+    plot_curves(folder)
     return rows
 
 
