@@ -34,9 +34,10 @@ from pymc.logprob.basic import transformed_conditional_logp
 from pymc.logprob.utils import replace_rvs_by_values
 from pymc.pytensorf import join_nonshared_inputs
 from pymc.variational.minibatch_rv import MinibatchRandomVariable
+from pytensor.compile.builders import SymbolicOp
 from pytensor.graph.basic import Apply, Constant, Variable
 from pytensor.graph.replace import clone_replace, vectorize_graph
-from pytensor.graph.traversal import ancestors
+from pytensor.graph.traversal import ancestors, toposort
 from pytensor.scan.utils import until
 
 __all__ = [
@@ -190,6 +191,31 @@ def _check_observed(model: pm.Model, obs, sources: list[MinibatchSource]) -> Min
     return source
 
 
+def _rebuild(outputs: Sequence[Variable], replace: dict[Variable, Variable]) -> list[Variable]:
+    """The graphs ``outputs`` with ``replace`` applied, every node downstream of a replaced
+    variable rebuilt for its new input types (nodes upstream of the replacements are shared).
+
+    ``clone_replace(..., rebuild_strict=False)`` rebuilds a node through ``op.make_node``, and
+    the ``make_node`` of a :class:`~pytensor.compile.builders.SymbolicOp` (PyTensor 3's
+    ``softmax``, ``log_softmax``, ``logsumexp``, ...) does not rebuild its inner graph: it
+    forces the new input into the input type the op was first built for (a ``SpecifyShape``
+    to the old static shape) and keeps the old output type. A softmax over a batch of n rows
+    then stays an (n, K) softmax in the one-row graph, and its gradient fails ("Incompatible
+    shared dimension for dot product"). Calling the op, as here, builds it for the new types.
+    """
+    memo = dict(replace)
+    for node in toposort(outputs, blockers=replace):
+        inputs = [memo.get(i, i) for i in node.inputs]
+        if all(new is old for new, old in zip(inputs, node.inputs, strict=True)):
+            continue
+        if isinstance(node.op, SymbolicOp):
+            new_outputs = node.op(*inputs, return_list=True)
+        else:
+            new_outputs = node.clone_with_new_inputs(inputs, strict=False).outputs
+        memo.update(zip(node.outputs, new_outputs, strict=True))
+    return [memo.get(out, out) for out in outputs]
+
+
 def _power_iteration(matvec, start: np.ndarray, iterations: int) -> float:
     """Largest |eigenvalue| of a symmetric operator (nan if it produces non-finite values)."""
     x, estimate = start, np.nan
@@ -305,7 +331,7 @@ class SGModel:
         )
         values = [model.rvs_to_values[obs] for obs in observed]
         replace = self._slice_replacements(rows, [*in_values, *values])
-        sliced = clone_replace([*in_values, *values], replace, rebuild_strict=False)
+        sliced = _rebuild([*in_values, *values], replace)
         new_rvs, new_values = sliced[: len(observed)], sliced[len(observed) :]
         terms = transformed_conditional_logp(
             rvs=new_rvs,

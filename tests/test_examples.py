@@ -86,3 +86,49 @@ def test_mnist_logistic_quick(tmp_path):
     assert [r["sampler"] for r in table] == ["SGNHT", "CCAdL"]
     assert_finite(table, ["expected_log_loss", "test_loglik_at_mean", "accuracy_at_mean"])
     assert_finite(read_csv(tmp_path / "test_loglik.csv"), ["passes", "test_loglik"])
+
+
+def test_drbm_free_energy_marginalises_the_hidden_units_exactly():
+    """p(y | x) of the DRBM's closed form equals the brute-force sum over all 2^H binary
+    hidden configurations of exp(d_y + sum_j h_j (c_j + U_jy + x . W_:j))."""
+    drbm = load_example("drbm")
+    rng = np.random.default_rng(0)
+    n_features, hidden, classes = 4, 5, 3
+    params = {
+        "W": rng.standard_normal((n_features, hidden)),
+        "U": rng.standard_normal((hidden, classes)),
+        "c": rng.standard_normal(hidden),
+        "d": rng.standard_normal(classes),
+    }
+    X = rng.standard_normal((6, n_features))
+    states = np.array(np.meshgrid(*[[0.0, 1.0]] * hidden)).reshape(hidden, -1).T  # 2^H x H
+    hidden_input = X @ params["W"] + params["c"]  # rows x H
+    # energy[i, s, y] = d_y + sum_j states[s, j] * (hidden_input[i, j] + U[j, y])
+    per_unit = hidden_input[:, :, None] + params["U"][None]  # rows x H x C
+    energy = params["d"] + np.einsum("sj,ijy->isy", states, per_unit)
+    joint = np.exp(energy).sum(axis=1)  # rows x C, unnormalised p(y, x)
+    np.testing.assert_allclose(
+        drbm.class_probabilities(params, X), joint / joint.sum(1, keepdims=True), rtol=1e-12
+    )
+
+
+@pytest.mark.filterwarnings("ignore::RuntimeWarning", "ignore::UserWarning")
+def test_drbm_quick(tmp_path):
+    """A Categorical likelihood with a non-linear logit (the DRBM) samples on minibatches."""
+    drbm = load_example("drbm")
+    drbm.main(quick=True, output_dir=tmp_path)
+    assert_files(tmp_path, ["test_error.md", "test_error.csv", "test_error_curves.csv"])
+    assert_files(tmp_path, ["test_error.png"])
+    table = read_csv(tmp_path / "test_error.csv")
+    assert [(r["dataset"], r["sampler"]) for r in table] == [
+        ("letter", "SGNHT"),
+        ("letter", "CCAdL"),
+    ]
+    assert_finite(table, ["test_error", "expected_log_loss", "divergences"])
+    assert all(float(r["divergences"]) == 0 for r in table)
+    # Even one pass (10 steps) beats always answering the most frequent class, so the
+    # likelihood is wired to the labels.
+    y_test = drbm.load_dataset("letter")["y_test"]
+    majority_error = 1 - np.bincount(y_test).max() / len(y_test)
+    assert all(float(r["test_error"]) < majority_error for r in table)
+    assert_finite(read_csv(tmp_path / "test_error_curves.csv"), ["passes", "test_error"])
