@@ -198,6 +198,12 @@ def steady_rate(times: np.ndarray, block_draws: int, steps_per_draw: int) -> flo
 
 
 # ---------------------------------------------------------------------- our samplers
+def block_draws(step, thin: int) -> int:
+    """Stored draws per compiled block of ``step`` at this ``thin`` (the first block's draws
+    include compilation and pm.sample's set-up; the steady rate starts after them)."""
+    return max(1, step.block_steps // thin)
+
+
 def make_step(name: str, s: Settings, thin: int):
     """One of the project's samplers; SGLD/mSGLD take eps, the others h and A."""
     import pymc_sgmcmc as sg
@@ -258,8 +264,10 @@ def run_ours(problem: Problem, ref: Reference, name: str, s: Settings, cfg: Conf
         # Two blocks: the rate of the second excludes pm.sample's per-call set-up.
         times: list[float] = []
         with model:
-            pm.sample(draws=2 * step.block_draws, step=step, **sample_kwargs(problem, 1, times))
-        rate = steady_rate(np.asarray(times), step.block_draws, cfg.thin)
+            pm.sample(
+                draws=2 * block_draws(step, cfg.thin), step=step, **sample_kwargs(problem, 1, times)
+            )
+        rate = steady_rate(np.asarray(times), block_draws(step, cfg.thin), cfg.thin)
         steps = int(min(cfg.max_steps, max(rate * cfg.budget_s, 2 * CHUNK)))
         times.clear()
         with model:
@@ -269,7 +277,7 @@ def run_ours(problem: Problem, ref: Reference, name: str, s: Settings, cfg: Conf
             )
     t = np.asarray(times) - start
     res.run_steps, res.run_s = (steps // cfg.thin) * cfg.thin, float(t[-1])
-    res.steps_per_s = steady_rate(t, step.block_draws, cfg.thin)
+    res.steps_per_s = steady_rate(t, block_draws(step, cfg.thin), cfg.thin)
     fill_result(res, problem.draws_from_idata(idata), t, ref, cfg.thin, res.first_draw_s)
     divergent = int(idata.sample_stats["diverging"].values.sum())
     if divergent:
@@ -290,7 +298,7 @@ def run_sgld_thin1(problem: Problem, s: Settings, cfg: Config) -> Result:
         pm.sample(draws=steps, step=step, **sample_kwargs(problem, cfg.seed, times))
     t = np.asarray(times) - start
     res.run_steps, res.run_s = steps, float(t[-1])
-    res.steps_per_s = steady_rate(t, step.block_draws, 1)
+    res.steps_per_s = steady_rate(t, block_draws(step, 1), 1)
     return res
 
 
