@@ -13,8 +13,8 @@ step-method contract (``PLATFORM_NOTES.md``):
   the draw's last step computes everything that is stored;
 * ``astep`` hands out the stored draws of a block one by one (every ``thin``-th step);
 * a non-finite state or a position beyond ``divergence_threshold`` at any step of a draw, or
-  a collapse of the draw's minibatch log-density far below the best seen (the chain's start
-  included), flags ``diverging``;
+  a collapse of the draw's minibatch log-density far below the best seen at stored draws,
+  flags ``diverging``;
   the chain restarts from its last sane draw (with
   fresh auxiliary variables) instead of producing garbage, and a warning says which step size to
   try;
@@ -131,9 +131,9 @@ class SGMCMC(ArrayStepShared):
         A step whose position has a coordinate beyond this magnitude (in the unconstrained
         space), or any non-finite state, is divergent (checked at every step); so is a stored
         draw whose minibatch log-density falls more than ``max(1e4, 10 |best|)`` below the best
-        seen in the chain (at its start or its stored draws). An unstable step size makes the
-        chain grow geometrically; these catch it long before floating-point overflow. Raise
-        the threshold for models whose parameters are legitimately that large.
+        seen at the chain's stored draws. An unstable step size makes the chain grow
+        geometrically; these catch it long before floating-point overflow. Raise the threshold
+        for models whose parameters are legitimately that large.
     rng : RandomGenerator, optional
         Replaced per chain by ``pm.sample``'s ``random_seed``.
     """
@@ -557,11 +557,6 @@ class SGMCMC(ArrayStepShared):
             noise = self.rng.standard_normal((self.noise_vectors, self.dim))
             values = init_fn(state["theta"], *indices, noise, self.step_size, self.scale)
             state.update(zip(evaluated, values, strict=True))
-        start_logp = float(state.get("logp", -np.inf))
-        if np.isfinite(start_logp):
-            # The run-away check compares stored draws only: its reference includes the
-            # (re)start position, so a chain that collapses within its first draw is caught.
-            self.best_logp = max(self.best_logp, start_logp)
         state.update(self.initial_auxiliary(self.rng))
         return {n: state[n] for n in names}
 

@@ -59,8 +59,9 @@ def test_thinned_draws_are_every_thin_th_step_of_the_unthinned_chain(factory, st
 
 
 def test_divergence_at_an_unstored_step_is_flagged_at_its_draw():
-    # eps = 0.1 grows the chain ~25x per step: with thin = 7 the threshold is crossed inside
-    # the first draw's steps, none of them stored.
+    # eps = 0.1 grows the chain ~25x per step: with thin = 7 the 1e10 threshold is crossed at
+    # an unstored step of the first or second draw (the first draw itself may still lie below
+    # it: the run-away check compares stored draws, and the first is its own reference).
     with small_problem().model():
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", RuntimeWarning)
@@ -69,7 +70,7 @@ def test_divergence_at_an_unstored_step_is_flagged_at_its_draw():
             )
     w = idata.posterior["w"].values[0]
     diverging = idata.sample_stats["diverging"].values[0]
-    assert diverging[0] and diverging.mean() > 0.5
+    assert diverging[:2].any() and diverging.mean() > 0.5
     assert np.isfinite(w).all() and np.abs(w).max() < 1e10
     # A diverging draw repeats the last sane position: the one before it, or the chain start
     # (the model's initial point, w = 0) for the first.
