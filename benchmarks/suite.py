@@ -72,6 +72,10 @@ from problems import PROBLEMS, Problem, Reference, make_problem, reference  # no
 SAMPLERS = ("SGLD", "mSGLD", "SGHMC", "SGNHT", "CCAdL", "mCCAdL", "NOGIN")
 MEAN_TOL, VAR_TOL = 0.1, 0.1
 CHECKPOINTS = 40
+#: The clock of every timing: wall time, or with ``--clock cpu`` this process's CPU time
+#: (all its threads), which other processes on a shared machine inflate much less (they
+#: still compete for the caches and memory bandwidth). ``configure_clock`` sets it.
+clock = time.perf_counter
 CHUNK = 1000  # steps per compiled call of the baselines (the samplers' block_steps default)
 NUTS_DEFAULT = (1000, 1000)  # pm.sample's default tune, draws
 
@@ -115,6 +119,7 @@ class Config:
     nuts_references: bool
     p4_short: tuple[int, int]
     nuts: tuple[int, int]
+    clock: str = "wall"
 
 
 @dataclass
@@ -198,6 +203,18 @@ def steady_rate(times: np.ndarray, block_draws: int, steps_per_draw: int) -> flo
 
 
 # ---------------------------------------------------------------------- our samplers
+def configure_clock(name: str) -> None:
+    """``"wall"`` (default) or ``"cpu"`` (process CPU time) for every timing of the suite."""
+    global clock
+    clock = time.process_time if name == "cpu" else time.perf_counter
+
+
+def block_draws(step, thin: int) -> int:
+    """Stored draws per compiled block of ``step`` at this ``thin`` (the first block's draws
+    include compilation and pm.sample's set-up; the steady rate starts after them)."""
+    return max(1, step.block_steps // thin)
+
+
 def make_step(name: str, s: Settings, thin: int):
     """One of the project's samplers; SGLD/mSGLD take eps, the others h and A."""
     import pymc_sgmcmc as sg
@@ -219,7 +236,7 @@ def describe(name: str, s: Settings) -> str:
 
 def sample_kwargs(problem: Problem, seed: int, times: list) -> dict:
     def record(trace, draw):
-        times.append(time.perf_counter())
+        times.append(clock())
 
     init = {"gamma": 1.0, "mu": 0.0} if problem.kind == "normal_gamma" else None
     init = init or {"w": problem.initial_point()}
@@ -241,7 +258,7 @@ def first_draw(problem: Problem, name: str, s: Settings, thin: int, seed: int):
     times: list[float] = []
     model = problem.model()
     with model:
-        start = time.perf_counter()
+        start = clock()
         step = make_step(name, s, thin)
         pm.sample(draws=1, step=step, **sample_kwargs(problem, seed, times))
     return times[0] - start, step, model
@@ -258,18 +275,20 @@ def run_ours(problem: Problem, ref: Reference, name: str, s: Settings, cfg: Conf
         # Two blocks: the rate of the second excludes pm.sample's per-call set-up.
         times: list[float] = []
         with model:
-            pm.sample(draws=2 * step.block_draws, step=step, **sample_kwargs(problem, 1, times))
-        rate = steady_rate(np.asarray(times), step.block_draws, cfg.thin)
+            pm.sample(
+                draws=2 * block_draws(step, cfg.thin), step=step, **sample_kwargs(problem, 1, times)
+            )
+        rate = steady_rate(np.asarray(times), block_draws(step, cfg.thin), cfg.thin)
         steps = int(min(cfg.max_steps, max(rate * cfg.budget_s, 2 * CHUNK)))
         times.clear()
         with model:
-            start = time.perf_counter()
+            start = clock()
             idata = pm.sample(
                 draws=steps // cfg.thin, step=step, **sample_kwargs(problem, cfg.seed, times)
             )
     t = np.asarray(times) - start
     res.run_steps, res.run_s = (steps // cfg.thin) * cfg.thin, float(t[-1])
-    res.steps_per_s = steady_rate(t, step.block_draws, cfg.thin)
+    res.steps_per_s = steady_rate(t, block_draws(step, cfg.thin), cfg.thin)
     fill_result(res, problem.draws_from_idata(idata), t, ref, cfg.thin, res.first_draw_s)
     divergent = int(idata.sample_stats["diverging"].values.sum())
     if divergent:
@@ -286,11 +305,11 @@ def run_sgld_thin1(problem: Problem, s: Settings, cfg: Config) -> Result:
     steps = int(min(cfg.max_steps, 50 * CHUNK if not cfg.quick else 5 * CHUNK))
     times: list[float] = []
     with model:
-        start = time.perf_counter()
+        start = clock()
         pm.sample(draws=steps, step=step, **sample_kwargs(problem, cfg.seed, times))
     t = np.asarray(times) - start
     res.run_steps, res.run_s = steps, float(t[-1])
-    res.steps_per_s = steady_rate(t, step.block_draws, 1)
+    res.steps_per_s = steady_rate(t, block_draws(step, 1), 1)
     return res
 
 
@@ -325,7 +344,7 @@ def run_numpy_sgld(problem: Problem, ref: Reference, s: Settings, cfg: Config) -
     theta = problem.initial_point()
     n_obs, n, dim, eps = problem.n_obs, problem.batch_size, problem.dim, s.eps
     draws, times = [], []
-    start = time.perf_counter()
+    start = clock()
     steps = 0
     while steps < 3 * CHUNK or (steps < cfg.max_steps and times[-1] < cfg.budget_s):
         for i in range(CHUNK):
@@ -334,7 +353,7 @@ def run_numpy_sgld(problem: Problem, ref: Reference, s: Settings, cfg: Config) -
             if (i + 1) % cfg.thin == 0:
                 draws.append(theta)
         steps += CHUNK
-        times += [time.perf_counter() - start] * (CHUNK // cfg.thin)
+        times += [clock() - start] * (CHUNK // cfg.thin)
     t = np.asarray(times)
     res.first_draw_s, res.run_steps, res.run_s = float(t[0]), steps, float(t[-1])
     res.steps_per_s = steady_rate(t, CHUNK // cfg.thin, cfg.thin)
@@ -395,7 +414,7 @@ def run_blackjax(problem: Problem, ref: Reference, algo: str, s: Settings, cfg: 
     # The data are arguments, not closed-over constants: XLA would embed them in the program.
     data = jax.tree.map(jnp.asarray, problem.jax_data())
     key = jax.random.key(cfg.seed)
-    start = time.perf_counter()
+    start = clock()
     theta0 = jnp.asarray(problem.initial_point())
     key, sub = jax.random.split(key)
     state = alg.init(theta0) if algo == "SGLD" else alg.init(theta0, sub)
@@ -408,7 +427,7 @@ def run_blackjax(problem: Problem, ref: Reference, algo: str, s: Settings, cfg: 
         state, pos = run_chunk(state, sub, data)
         draws.append(np.asarray(pos))  # blocks until the chunk is done
         steps += CHUNK
-        times += [time.perf_counter() - start] * (CHUNK // thin)
+        times += [clock() - start] * (CHUNK // thin)
     t = np.asarray(times)
     res.first_draw_s, res.run_steps, res.run_s = float(t[0]), steps, float(t[-1])
     res.steps_per_s = steady_rate(t, CHUNK // thin, thin)
@@ -425,11 +444,11 @@ def nuts_timed(problem: Problem, tune: int, draws: int, seed: int):
     times: list[float] = []
 
     def record(trace, draw):
-        times.append(time.perf_counter())
+        times.append(clock())
 
     with problem.model(minibatch=False), warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        start = time.perf_counter()
+        start = clock()
         idata = pm.sample(
             draws=draws,
             tune=tune,
@@ -700,6 +719,14 @@ def write_report(cfg: Config, all_rows, infos, header: dict, path: Path) -> None
         f"- threads: {header['threads']}",
         f"- per method: a run of about {cfg.budget_s:g} s (at most {cfg.max_steps:,} steps), "
         f"thin = {cfg.thin}, one chain, seed {cfg.seed}",
+        "- clock: "
+        + (
+            "**CPU time of the benchmark process** (all its threads; every time in the tables "
+            "is CPU seconds, which other processes on the machine inflate much less than wall "
+            "time)"
+            if cfg.clock == "cpu"
+            else "wall time"
+        ),
         "",
         "How to read: **steps/s** is steady state (after the first block of 1,000 steps, every "
         "stored draw through PyMC's trace; NUTS: draws/s after tuning). **first draw** = step "
@@ -760,6 +787,12 @@ def parse_args(argv: list[str]) -> tuple[Config, Path | None]:
         help="the short NUTS run behind P4's projection (default 50 50; --quick 10 10)",
     )
     p.add_argument("--output", type=Path, default=None, help="markdown file to write")
+    p.add_argument(
+        "--clock",
+        choices=("wall", "cpu"),
+        default="wall",
+        help="time with the wall clock or this process's CPU time (steadier on a busy machine)",
+    )
     a = p.parse_args(argv)
     quick = a.quick
     return Config(
@@ -776,6 +809,7 @@ def parse_args(argv: list[str]) -> tuple[Config, Path | None]:
         nuts_references=not (quick or a.no_nuts_references),
         p4_short=tuple(a.p4_short) if a.p4_short else ((10, 10) if quick else (50, 50)),
         nuts=(200, 200) if quick else NUTS_DEFAULT,
+        clock=a.clock,
     ), a.output
 
 
@@ -786,6 +820,7 @@ def quiet_pymc() -> None:
 
 def main(argv: list[str]) -> None:
     cfg, output = parse_args(argv)
+    configure_clock(cfg.clock)
     quiet_pymc()
     header = {
         "date": time.strftime("%Y-%m-%d %H:%M %Z"),

@@ -1,0 +1,262 @@
+"""Engine profile (issue 4): the cost of one integrator step inside a compiled block, the
+``cores=2`` speed-up of ``pm.sample`` and the time to the first draw.
+
+Three measurements, each printed as a markdown table (``--output`` also writes them):
+
+* ``steps``: CPU microseconds per integrator step of ``SGMCMC._fill_buffer`` (the compiled
+  block plus the NumPy minibatch indices and noise), next to the same for the index and noise
+  generation alone and a hand-written numba SGLD / SGNHT-free reference loop (gather of the
+  minibatch rows and two BLAS products, no PyTensor) on the same data. CPU time of this
+  process, so that other processes on a shared machine inflate it less than wall time
+  (they still share the caches and memory bandwidth);
+* ``cores``: steady draws/s of ``pm.sample`` with one chain on one core and two chains on
+  two cores (wall time: parallelism is the point), alternated twice, with the main
+  process's CPU time per draw (with ``cores=2`` it unpickles and records every draw of both
+  chains, serially);
+* ``first-draw``: wall (and CPU) time from constructing the step and calling ``pm.sample``
+  to the first stored draw, for a first and a second (warm) call in this process.
+
+Run: ``.venv/bin/python benchmarks/engine.py [steps] [cores] [first-draw]`` (default all).
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+import time
+import warnings
+from pathlib import Path
+
+for _var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "NUMBA_NUM_THREADS"):
+    os.environ.setdefault(_var, "1")
+
+import numpy as np  # noqa: E402
+
+HERE = Path(__file__).parent
+sys.path.insert(0, str(HERE))
+
+from problems import Problem, make_problem  # noqa: E402
+
+#: Step sizes that keep each problem's chain near its start (stable, no divergence): the
+#: cost of a step does not depend on them.
+STEP_SIZES = {"SGLD": 1e-7, "SGNHT": 1e-4}
+
+
+def make_step(name: str, thin: int):
+    import pymc_sgmcmc as sg
+
+    if name == "SGLD":
+        return sg.SGLD(step_size=STEP_SIZES[name], thin=thin)
+    return sg.SGNHT(step_size=STEP_SIZES[name], thin=thin)
+
+
+def cpu_us_per_step(run, steps: int, repeats: int) -> float:
+    """Smallest CPU time of ``repeats`` calls of ``run`` (each ``steps`` steps), in µs/step:
+    the minimum is the least disturbed by other processes."""
+    times = []
+    for _ in range(repeats):
+        start = time.process_time()
+        run()
+        times.append(time.process_time() - start)
+    return min(times) / steps * 1e6
+
+
+def block_cost(problem: Problem, name: str, thin: int, repeats: int) -> tuple[float, float]:
+    """µs/step of ``_fill_buffer`` (block plus index/noise generation) and of the generation
+    alone, after a first (compiling) block."""
+    with problem.model():
+        step = make_step(name, thin)
+    step.setup_chain(np.random.default_rng(0), tune=0, draws=10**9)
+    theta = problem.initial_point()
+    step._fill_buffer(theta)
+    steps = len(step.buffer["theta"]) * thin
+    total = cpu_us_per_step(lambda: step._fill_buffer(theta), steps, repeats)
+    rng = np.random.default_rng(1)
+
+    def generate():
+        step.sg_model.draw_indices(rng, steps)
+        rng.standard_normal((steps, step.noise_vectors, step.dim))
+
+    return total, cpu_us_per_step(generate, steps, repeats)
+
+
+def reference_loop_cost(problem: Problem, steps: int, repeats: int) -> float | None:
+    """µs/step of SGLD written directly in numba for a linear or logistic problem: per step a
+    gather X[idx] and two matrix-vector products (BLAS), the floor for this formulation."""
+    if problem.kind not in ("linear", "logistic"):
+        return None
+    import numba
+
+    logistic = problem.kind == "logistic"
+    scale, prior_var = problem.n_obs / problem.batch_size, problem.prior_sd**2
+
+    @numba.njit
+    def run(X, y, idx, noise, theta, eps):
+        for t in range(idx.shape[0]):
+            batch = X[idx[t]]
+            eta = batch @ theta
+            resid = y[idx[t]] - (1.0 / (1.0 + np.exp(-eta)) if logistic else eta)
+            force = -theta / prior_var + scale * (batch.T @ resid)
+            theta = theta + 0.5 * eps * force + np.sqrt(eps) * noise[t]
+        return theta
+
+    rng = np.random.default_rng(0)
+    idx = rng.integers(0, problem.n_obs, size=(steps, problem.batch_size))
+    noise = rng.standard_normal((steps, problem.dim))
+    args = (problem.X, problem.y, idx, noise, problem.initial_point(), STEP_SIZES["SGLD"])
+    run(*args)
+    return cpu_us_per_step(lambda: run(*args), steps, repeats)
+
+
+def steps_table(problems: list[str], thin: int, repeats: int) -> list[str]:
+    lines = [
+        f"CPU µs per integrator step (minimum of {repeats} blocks of 1,000 steps, thin = "
+        f"{thin}; SGNHT with h = {STEP_SIZES['SGNHT']:g}, SGLD with eps = "
+        f"{STEP_SIZES['SGLD']:g})",
+        "",
+        "| problem | SGLD block | SGNHT block | of which indices + noise (NumPy) | "
+        "numba reference SGLD loop (gather + 2 BLAS products, no RNG) |",
+        "| --- | --- | --- | --- | --- |",
+    ]
+    for key in problems:
+        problem = make_problem(key)
+        sgld, generation = block_cost(problem, "SGLD", thin, repeats)
+        sgnht, _ = block_cost(problem, "SGNHT", thin, repeats)
+        floor = reference_loop_cost(problem, 1000, repeats)
+        floor_s = "-" if floor is None else f"{floor:.1f}"
+        lines.append(f"| {key} | {sgld:.1f} | {sgnht:.1f} | {generation:.1f} | {floor_s} |")
+        print(lines[-1], flush=True)
+    return lines
+
+
+def draws_per_second(
+    problem: Problem, chains: int, cores: int, thin: int, draws: int
+) -> tuple[float, float]:
+    """Steady draws/s of all chains together, and this (main) process's CPU µs per draw:
+    over the last three quarters of the run (after every worker compiled and served its
+    first block). With cores > 1 the main process receives every draw through a pipe and
+    records it, serially for all chains."""
+    import pymc as pm
+
+    times: list[tuple[float, float]] = []
+
+    def record(trace, draw):
+        times.append((time.perf_counter(), time.process_time()))
+
+    with problem.model():
+        pm.sample(
+            draws=draws,
+            tune=0,
+            step=make_step("SGLD", thin),
+            chains=chains,
+            cores=cores,
+            random_seed=1,
+            progressbar=False,
+            compute_convergence_checks=False,
+            callback=record,
+        )
+    t = np.asarray(times)
+    first, n = len(t) // 4, len(t) - 1 - len(t) // 4
+    wall, cpu = t[-1] - t[first]
+    return n / wall, cpu / n * 1e6
+
+
+def cores_table(key: str, thin: int, draws: int) -> list[str]:
+    problem = make_problem(key)
+    lines = [
+        f"{key} SGLD, thin = {thin}, {draws} draws per chain: steady draws/s of all chains "
+        "(wall time) and the main process's CPU per draw",
+        "",
+        "| run | cores=1, 1 chain: draws/s (main CPU µs/draw) | cores=2, 2 chains | ratio |",
+        "| --- | --- | --- | --- |",
+    ]
+    for run in (1, 2):
+        one, one_cpu = draws_per_second(problem, 1, 1, thin, draws)
+        two, two_cpu = draws_per_second(problem, 2, 2, thin, draws)
+        lines.append(
+            f"| {run} | {one:,.0f} ({one_cpu:.0f}) | {two:,.0f} ({two_cpu:.0f}) | {two / one:.2f} |"
+        )
+        print(lines[-1], flush=True)
+    return lines
+
+
+def first_draw_table(problems: list[str]) -> list[str]:
+    """Step construction + ``pm.sample`` to the first stored draw, wall and CPU seconds, for a
+    first call and a second (warm) one in this process."""
+    import pymc as pm
+
+    lines = [
+        "Seconds from constructing the step to the first stored draw of `pm.sample`, wall "
+        "(CPU of this process); warm: a second call in this process (numba cache, PyTensor's "
+        "compile directory and imports warm)",
+        "",
+        "| problem | sampler | first call | warm |",
+        "| --- | --- | --- | --- |",
+    ]
+    for key in problems:
+        problem = make_problem(key)
+        for name in ("SGLD", "SGNHT"):
+            cells = []
+            for _ in range(2):
+                times: list[tuple[float, float]] = []
+
+                def record(trace, draw, times=times):
+                    times.append((time.perf_counter(), time.process_time()))
+
+                with problem.model():
+                    start = (time.perf_counter(), time.process_time())
+                    pm.sample(
+                        draws=1,
+                        tune=0,
+                        step=make_step(name, 10),
+                        chains=1,
+                        random_seed=1,
+                        progressbar=False,
+                        compute_convergence_checks=False,
+                        callback=record,
+                    )
+                wall, cpu = (times[0][k] - start[k] for k in (0, 1))
+                cells.append(f"{wall:.2f} ({cpu:.2f})")
+            lines.append(f"| {key} | {name} | {cells[0]} | {cells[1]} |")
+            print(lines[-1], flush=True)
+    return lines
+
+
+def main(argv: list[str]) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("what", nargs="*", default=["steps", "cores", "first-draw"])
+    parser.add_argument("--problems", nargs="+", default=["P1", "P3"])
+    parser.add_argument("--thin", type=int, default=10)
+    parser.add_argument("--repeats", type=int, default=7)
+    parser.add_argument("--draws", type=int, default=4000, help="per chain, for 'cores'")
+    parser.add_argument("--output", type=Path, default=None)
+    args = parser.parse_args(argv)
+    logging.getLogger("pymc").setLevel(logging.ERROR)
+    warnings.simplefilter("ignore")
+    loads = [os.getloadavg()]
+    sections = []
+    if "steps" in args.what:
+        sections.append(steps_table(args.problems, args.thin, args.repeats))
+    if "cores" in args.what:
+        sections.append(cores_table(args.problems[0], args.thin, args.draws))
+    if "first-draw" in args.what:
+        sections.append(first_draw_table(args.problems))
+    loads.append(os.getloadavg())
+    header = [
+        f"# Engine profile (`benchmarks/engine.py {' '.join(argv)}`)",
+        "",
+        f"- date: {time.strftime('%Y-%m-%d %H:%M %Z')}; {os.cpu_count()} cores; load average "
+        f"(1, 5, 15 min) before {', '.join(f'{x:.2f}' for x in loads[0])}, after "
+        f"{', '.join(f'{x:.2f}' for x in loads[1])}",
+        "",
+    ]
+    text = "\n".join(header + [line for s in sections for line in [*s, ""]])
+    print(text)
+    if args.output is not None:
+        args.output.write_text(text)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
