@@ -15,7 +15,9 @@ variance ratio tr(C) / tr(C_ref) (inflation shows there first).
   the full data (2 chains x 2,000 draws, cached in ``benchmarks/references/mnist_nuts.npz``).
 
 Unit mass (no preconditioner) and fixed step sizes, as in the papers. Writes
-``benchmarks/noise_estimator_results.md``. Run: ``.venv/bin/python benchmarks/noise_estimator.py``.
+``benchmarks/noise_estimator_results.md``, or ``noise_estimator_results_<sections>.md`` when run
+for some of the sections p1, lowrank, mnist:
+``.venv/bin/python benchmarks/noise_estimator.py [p1] [lowrank] [mnist]``.
 """
 
 from __future__ import annotations
@@ -195,7 +197,8 @@ def main() -> None:
         f"- versions: pymc {pm.__version__}, pytensor {pytensor.__version__}, "
         f"numpy {np.__version__}",
         "- `benchmarks/noise_estimator.py`; W2 and variance ratio tr(C)/tr(C_ref) of the second "
-        f"half of {PASSES} passes (every step kept); rho is the Ledoit-Wolf intensity used.",
+        f"half of {PASSES} passes (100 at D = 1,000; every step kept); rho is the Ledoit-Wolf "
+        "intensity used.",
         "",
     ]
     tables = {"p1": regression_table, "lowrank": lowrank_table, "mnist": mnist_table}

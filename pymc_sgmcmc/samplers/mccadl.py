@@ -57,7 +57,7 @@ class MCCAdL(Thermostatted):
         cheaper (its Taylor product only sees (1 - rho) times the spread); the rest of
         mCCAdL's inflation at large h comes from the gradient noise h^2 Sigma per step
         outgrowing the unit momentum variance the C step can remove (see
-        ``benchmarks/noise_estimator_results.md``).
+        ``benchmarks/noise_estimator_results_*.md``).
     expm_tolerance : {"single", "double"}, default "single"
         Backward-error tolerance of the Taylor product, 2^-24 or 2^-53 relative to
         :math:`\|\tfrac{h^2}{2}\Sigma\|` (Al-Mohy & Higham's tables). Single precision

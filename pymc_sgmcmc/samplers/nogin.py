@@ -60,7 +60,7 @@ class NOGIN(SGMCMC):
         every adaptation window and at the end of ``tune`` ("auto"; then fixed), or the
         given number in [0, 1]. It removes most of the variance inflation at large step
         sizes that comes from the sample covariance's eigenvalue spread (see
-        ``benchmarks/noise_estimator_results.md``), at no extra cost per step.
+        ``benchmarks/noise_estimator_results_*.md``), at no extra cost per step.
     **kwargs
         ``thin``, ``block_steps``, ``mode``, ``compile_kwargs``, ``model``,
         ``divergence_threshold``: see :class:`pymc_sgmcmc.base.SGMCMC`.
