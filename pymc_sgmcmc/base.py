@@ -4,17 +4,13 @@ A sampler subclass only says how one integrator step transforms the state (its p
 algorithm box, written with :mod:`pymc_sgmcmc.operators`). This class owns the rest of the PyMC
 step-method contract (``PLATFORM_NOTES.md``):
 
-* it compiles ``block_steps`` integrator steps into one PyTensor ``scan`` over the stored
-  draws whose sequences are the minibatch indices, the Gaussian noise and the step sizes, all
-  drawn here, in NumPy, from the chain's own generator: runs are reproducible whatever
-  ``cores`` is, and every chain has its own minibatch stream;
-* per draw, an inner ``scan`` runs the ``thin - 1`` unstored steps, which compute only what
-  the next step needs (not the minibatch log-density, the stats or the stored position), and
-  the draw's last step computes everything that is stored;
+* it compiles ``block_steps`` integrator steps into one PyTensor ``scan`` whose sequences are
+  the minibatch indices, the Gaussian noise and the step sizes, all drawn here, in NumPy, from
+  the chain's own generator: runs are reproducible whatever ``cores`` is, and every chain has
+  its own minibatch stream;
 * ``astep`` hands out the stored draws of a block one by one (every ``thin``-th step);
-* a non-finite state or a position beyond ``divergence_threshold`` at any step of a draw, or
-  a collapse of the draw's minibatch log-density far below the best seen at stored draws,
-  flags ``diverging``;
+* a non-finite state, a position beyond ``divergence_threshold`` or a collapse of the
+  minibatch log-density far below the best seen flags ``diverging``;
   the chain restarts from its last sane draw (with
   fresh auxiliary variables) instead of producing garbage, and a warning says which step size to
   try;
@@ -129,11 +125,11 @@ class SGMCMC(ArrayStepShared):
         own ``compile_kwargs`` to a user-built step).
     divergence_threshold : float, default 1e10
         A step whose position has a coordinate beyond this magnitude (in the unconstrained
-        space), or any non-finite state, is divergent (checked at every step); so is a stored
-        draw whose minibatch log-density falls more than ``max(1e4, 10 |best|)`` below the best
-        seen at the chain's stored draws. An unstable step size makes the chain grow
-        geometrically; these catch it long before floating-point overflow. Raise the threshold
-        for models whose parameters are legitimately that large.
+        space), or any non-finite state, is divergent; so is a step whose minibatch
+        log-density falls more than ``max(1e4, 10 |best|)`` below the best seen in the chain. An
+        unstable step size makes the chain grow geometrically; these catch it long before
+        floating-point overflow. Raise the threshold for models whose parameters are
+        legitimately that large.
     rng : RandomGenerator, optional
         Replaced per chain by ``pm.sample``'s ``random_seed``.
     """
@@ -327,69 +323,43 @@ class SGMCMC(ArrayStepShared):
             state0[name] = var.type(name)
         for name, value in aux.items():
             state0[name] = pt.tensor(name, shape=np.shape(value), dtype="float64")
-        # The block's inputs, one row per stored draw: (draws, thin, ...) arrays drawn in
-        # NumPy. The outer scan runs over the draws; per draw, an inner scan runs the first
-        # thin - 1 steps, which emit nothing, and one more step, written out separately,
-        # computes everything that is stored: position, log-density, stats. The minibatch
-        # log-density is not carried from step to step (no integrator reads it), so the
-        # inner steps never compute it.
-        carried = [n for n in names if n != "logp"]
         index_seqs = [
-            pt.tensor(f"indices_{k}", dtype="int64", shape=(None, None, i.type.shape[0]))
+            pt.matrix(f"indices_{k}", dtype="int64", shape=(None, i.type.shape[0]))
             for k, i in enumerate(ml.indices)
         ]
-        noise_seq = pt.tensor("noise_seq", shape=(None, None, self.noise_vectors, self.dim))
-        h_seq = pt.matrix("h_seq")
-        n_idx, n_state = len(index_seqs), len(carried)
+        noise_seq = pt.tensor("noise_seq", shape=(None, self.noise_vectors, self.dim))
+        h_seq = pt.vector("h_seq")
+        n_idx = len(index_seqs)
         stat_names: list[str] = []
 
-        def integrate(idx_t, noise_t, h_t, values):
-            # One integrator step; its new state, its draw (original coordinates) and whether
-            # the step stayed finite and within the divergence threshold.
-            step = self.integrate(dict(zip(carried, values, strict=True)), idx_t, noise_t, h_t)
-            new = [step.state[n] for n in carried]
+        def one_step(*args):
+            idx_t = list(args[:n_idx])
+            noise_t, h_t = args[n_idx], args[n_idx + 1]
+            state = dict(zip(names, args[n_idx + 2 :], strict=True))
+            step = self.integrate(state, idx_t, noise_t, h_t)
+            stat_names[:] = list(step.stats)
+            new = [step.state[n] for n in names]
             draw = self.target.position(step.draw)
             sane = pt.all([pt.all(pt.isfinite(v)) for v in [*new, draw]]) & (
                 pt.max(pt.abs(draw)) < self.divergence_threshold
             )
-            return step, new, draw, sane
-
-        def unstored_step(*args):
-            # Sequences (indices..., noise, h), the carried state, then ``ok``: whether every
-            # step of this draw so far was sane (sticky, so that a step that left the finite
-            # numbers is caught even if a later step of the draw came back).
-            idx_t, (noise_t, h_t) = list(args[:n_idx]), args[n_idx : n_idx + 2]
-            _, new, _, sane = integrate(idx_t, noise_t, h_t, args[n_idx + 2 : -1])
-            return [*new, args[-1] & sane]
-
-        def one_draw(*args):
-            idx_d, (noise_d, h_d) = list(args[:n_idx]), args[n_idx : n_idx + 2]
-            inner = pytensor.scan(
-                unstored_step,
-                sequences=[*(i[:-1] for i in idx_d), noise_d[:-1], h_d[:-1]],
-                outputs_info=[*args[n_idx + 2 :], pt.as_tensor(np.array(True))],
-                return_updates=False,
-            )
-            values, ok = [v[-1] for v in inner[:n_state]], inner[n_state][-1]
-            step, new, draw, sane = integrate([i[-1] for i in idx_d], noise_d[-1], h_d[-1], values)
-            stat_names[:] = list(step.stats)
-            stats = [pt.as_tensor(v).astype("float64") for v in step.stats.values()]
-            return [*new, draw, pt.as_tensor(step.logp), ok & sane, *stats]
+            stat_values = [pt.as_tensor(v).astype("float64") for v in step.stats.values()]
+            return [*new, draw, pt.as_tensor(step.logp), sane, *stat_values]
 
         n_stats = len(self._integrator_stat_names())
         outputs = pytensor.scan(
-            one_draw,
+            one_step,
             sequences=[*index_seqs, noise_seq, h_seq],
-            outputs_info=[state0[n] for n in carried] + [None] * (3 + n_stats),
+            outputs_info=[state0[n] for n in names] + [None] * (3 + n_stats),
             return_updates=False,
         )
-        states, traces = outputs[:n_state], outputs[n_state:]
+        states, traces = outputs[: len(names)], outputs[len(names) :]
         block_fn = self._function(
-            [*(state0[n] for n in carried), *index_seqs, noise_seq, h_seq, *kernel],
+            [*(state0[n] for n in names), *index_seqs, noise_seq, h_seq, *kernel],
             [*(s[-1] for s in states), *traces],
             kwargs,
         )
-        self._functions = (init_fn, block_fn, carried, list(evaluated), stat_names)
+        self._functions = (init_fn, block_fn, names, list(evaluated), stat_names)
 
     def _function(self, inputs, outputs, kwargs):
         # PyMC's compile turns the logp's parameter checks into -inf instead of exceptions, so
@@ -496,8 +466,8 @@ class SGMCMC(ArrayStepShared):
         i = self.cursor
         self.cursor += 1
         draw = self.buffer["theta"][i]
-        # Python scalars, not NumPy ones: with cores > 1 PyMC pickles every draw's stats
-        # through a pipe, and NumPy scalars pickle about 10x slower (and 2x larger).
+        # Python scalars: with cores > 1 PyMC pickles every draw's stats through a pipe, and
+        # NumPy scalars pickle about 10x slower (benchmarks/engine.py).
         stats = {name: values[i].item() for name, values in self.buffer.items() if name != "theta"}
         if stats["diverging"]:
             self.divergences += 1
@@ -623,17 +593,16 @@ class SGMCMC(ArrayStepShared):
         h = np.asarray(self.step_sizes(step_index), dtype=config.floatX)
         indices = self.sg_model.draw_indices(self.rng, n_steps)
         noise = self.rng.standard_normal((n_steps, self.noise_vectors, self.dim))
-        # One row per stored draw (views: the arrays are C-contiguous).
-        by_draw = [a.reshape(n_draws, self.thin, *a.shape[1:]) for a in (*indices, noise, h)]
-        out = block_fn(*(self.chain_state[n] for n in names), *by_draw, *self._kernel)
+        out = block_fn(*(self.chain_state[n] for n in names), *indices, noise, h, *self._kernel)
         final, (thetas, logps, sane, *stats) = out[: len(names)], out[len(names) :]
+        stored = slice(self.thin - 1, None, self.thin)
         buffer = {
-            "theta": thetas,
-            "step_size": by_draw[-1][:, -1],
-            "minibatch_logp": logps,
+            "theta": thetas[stored],
+            "step_size": h[stored],
+            "minibatch_logp": logps[stored],
             "diverging": np.zeros(n_draws, dtype=bool),
             "thin": np.full(n_draws, self.thin, dtype=np.int64),
-            **dict(zip(stat_names, stats, strict=True)),
+            **{name: values[stored] for name, values in zip(stat_names, stats, strict=True)},
         }
         for name in self._integrator_stat_names():
             buffer[name] = buffer[name].astype(self.stats_dtypes_shapes[name][0])
@@ -649,14 +618,14 @@ class SGMCMC(ArrayStepShared):
                     else (2 * self.block_cap)
                 )
         else:
-            bad = int(np.argmin(sane))  # the first draw with an insane step
-            self.block_cap = max(1, bad)
+            bad = int(np.argmin(sane))
+            self.block_cap = max(1, bad // self.thin)
             buffer = self._truncate_at_divergence(buffer, theta, bad)
         self.buffer = buffer
         self.cursor = 0
 
     def _runaway(self, logps: np.ndarray) -> np.ndarray:
-        """Stored draws whose minibatch log-density fell far below the best seen in this chain.
+        """Steps whose minibatch log-density fell far below the best seen in this chain.
 
         An unstable chain grows geometrically and its log-density collapses long before the
         position overflows. The margin, max(1e4, 10 |best|), is far beyond the minibatch
@@ -667,10 +636,10 @@ class SGMCMC(ArrayStepShared):
             return np.zeros(logps.shape, dtype=bool)
         return logps < best - max(1e4, 10 * abs(best))
 
-    def _truncate_at_divergence(self, buffer: dict, start: np.ndarray, j: int) -> dict:
-        """Keep the draws before draw ``j``, the first with a divergent step; draw ``j``
-        repeats the last sane position with ``diverging=True``, and the chain restarts from
-        there."""
+    def _truncate_at_divergence(self, buffer: dict, start: np.ndarray, bad_step: int) -> dict:
+        """Keep the draws before the first divergent step; the next draw repeats the last
+        sane position with ``diverging=True``, and the chain restarts from there."""
+        j = bad_step // self.thin
         last = buffer["theta"][j - 1] if j > 0 else np.array(start)
         h_bad = float(buffer["step_size"][j])
         kept = {name: values[: j + 1].copy() for name, values in buffer.items()}
