@@ -1,9 +1,8 @@
 """The block engine: a draw of ``thin`` steps is the same chain as ``thin`` stored steps.
 
-Within a block, the steps between stored draws run in an inner loop that computes neither the
-minibatch log-density nor the stats. These tests pin down that this changes nothing but the
-speed: the stored draws and their stats are those of the thin = 1 chain at every thin-th step,
-and a divergence at an unstored step is still caught at its draw.
+A block computes every step and stores every thin-th. These tests pin down that thinning
+changes nothing but what is kept: the stored draws and their stats are those of the thin = 1
+chain at every thin-th step, and a divergence at an unstored step is still caught at its draw.
 """
 
 from __future__ import annotations
