@@ -195,6 +195,9 @@ class SGMCMC(ArrayStepShared):
     #: The covariance-controlled samplers' noise-estimate option (see
     #: :meth:`_set_noise_shrinkage`); None everywhere else.
     noise_shrinkage: float | str | None = None
+    #: The stat of the samplers with that option: the intensity is fixed per block, so it is
+    #: recorded from Python rather than emitted by every step of the compiled block.
+    noise_estimate_stats: ClassVar[dict] = {"noise_shrinkage": (np.float64, [])}
 
     def _set_noise_shrinkage(self, value: float | str | None) -> None:
         """None: the papers' estimate; "auto": Ledoit-Wolf intensity chosen during tuning;
@@ -367,8 +370,13 @@ class SGMCMC(ArrayStepShared):
         with self.sg_model.model:
             return compile_pymc(inputs, outputs, random_seed=False, **kwargs)
 
+    @property
+    def _noise_estimate_stat_names(self) -> list[str]:
+        return [k for k in self.noise_estimate_stats if k in self.stats_dtypes_shapes]
+
     def _integrator_stat_names(self) -> list[str]:
-        return [k for k in self.stats_dtypes_shapes if k not in self.common_stats]
+        block_stats = {**self.common_stats, **self.noise_estimate_stats}
+        return [k for k in self.stats_dtypes_shapes if k not in block_stats]
 
     @property
     def functions(self):
@@ -429,7 +437,7 @@ class SGMCMC(ArrayStepShared):
         self.step_size = self.user_step_size
         self.scale = np.ones(self.dim)
         self.shrinkage = 0.0 if self.noise_shrinkage in (None, "auto") else self.noise_shrinkage
-        self.shrinkage_due = self.noise_shrinkage == "auto"
+        self.shrinkage_due = True
         self.thin = 1 if self.user_thin is None else self.user_thin
         self.tune_drawn = 0
         adapting = self.adapt_preconditioner or self.user_step_size is None
@@ -451,7 +459,7 @@ class SGMCMC(ArrayStepShared):
         if self.tune:
             self.chain_state = None
             self.buffer = None
-            self.shrinkage_due = self.noise_shrinkage == "auto"
+            self.shrinkage_due = True
         self.tune = False
 
     def astep(self, q0: RaveledVars) -> tuple[RaveledVars, list[dict[str, Any]]]:
@@ -511,7 +519,7 @@ class SGMCMC(ArrayStepShared):
         self.window = WindowVariance(self.dim)
         self.chain_state = None
         self.buffer = None
-        self.shrinkage_due = self.noise_shrinkage == "auto"
+        self.shrinkage_due = True
 
     def _initial_kernel(self, theta: np.ndarray) -> None:
         """Chain start with an adapted step size. Before any draws, the preconditioner is
@@ -576,7 +584,7 @@ class SGMCMC(ArrayStepShared):
         if self.step_size is None:
             self._initial_kernel(theta)
         if self.chain_state is None:
-            if self.shrinkage_due:
+            if self.shrinkage_due and self.noise_shrinkage == "auto":
                 self._estimate_shrinkage(theta)
             self.chain_state = self._initial_state(theta)
         n_draws = max(1, self.block_steps // self.thin)
@@ -602,6 +610,7 @@ class SGMCMC(ArrayStepShared):
             "minibatch_logp": logps[stored],
             "diverging": np.zeros(n_draws, dtype=bool),
             "thin": np.full(n_draws, self.thin, dtype=np.int64),
+            **{name: np.full(n_draws, self.shrinkage) for name in self._noise_estimate_stat_names},
             **{name: values[stored] for name, values in zip(stat_names, stats, strict=True)},
         }
         for name in self._integrator_stat_names():

@@ -109,7 +109,7 @@ class CCAdL(Thermostatted):
         "kinetic_temperature": (np.float64, []),
         "thermostat": (np.float64, []),
         "noise_trace": (np.float64, []),
-        "noise_shrinkage": (np.float64, []),
+        **SGMCMC.noise_estimate_stats,
     }
 
     def __init__(
@@ -183,6 +183,5 @@ class CCAdL(Thermostatted):
             "kinetic_temperature": kinetic_temperature(p_new),
             "thermostat": xi,
             "noise_trace": evaluated["noise_trace"],
-            "noise_shrinkage": self.target.shrinkage,
         }
         return self.carried(new, stats)

@@ -116,7 +116,7 @@ class MCCAdL(Thermostatted):
         "noise_trace": (np.float64, []),
         "expm_scaling": (np.int64, []),
         "expm_degree": (np.int64, []),
-        "noise_shrinkage": (np.float64, []),
+        **SGMCMC.noise_estimate_stats,
     }
 
     def __init__(
@@ -143,17 +143,14 @@ class MCCAdL(Thermostatted):
         super().__init__(vars, **kwargs)
         self._set_thermostat_mass(thermostat_mass)
 
-    def _noise(self, theta, indices):
-        force, logp, sigma = self.target.force_logp_and_noise(theta, indices)
-        return force, logp, self.noise_estimate(sigma.as_form(self.covariance))
-
     def initial_evaluation(self, theta, indices, noise, h):
         return {}  # the force is evaluated at the top of each iteration
 
     def integrate(self, state, indices, noise, h):
         mu, a, half = self.thermostat_mass, self.friction, h / 2.0
         theta, xi = state["theta"], state["thermostat"]
-        force, logp, sigma = self._noise(theta, indices)
+        force, logp, sigma = self.target.force_logp_and_noise(theta, indices)
+        sigma = self.noise_estimate(sigma.as_form(self.covariance))
         p_draw = kick(state["momentum"], force, half)  # last B(h/2) of the previous step
 
         p = kick(p_draw, force, half)  # B(h/2), the same force
@@ -171,7 +168,6 @@ class MCCAdL(Thermostatted):
             "noise_trace": sigma.trace(),
             "expm_scaling": s,
             "expm_degree": m,
-            "noise_shrinkage": self.target.shrinkage,
         }
         new = {"theta": theta_new, "momentum": p, "thermostat": xi_new}
         return Step(new, theta, logp, stats)

@@ -106,7 +106,7 @@ class NOGIN(SGMCMC):
         **SGMCMC.common_stats,
         "kinetic_temperature": (np.float64, []),
         "noise_trace": (np.float64, []),
-        "noise_shrinkage": (np.float64, []),
+        **SGMCMC.noise_estimate_stats,
     }
 
     def __init__(
@@ -168,6 +168,5 @@ class NOGIN(SGMCMC):
         stats = {
             "kinetic_temperature": kinetic_temperature(p),
             "noise_trace": sigma.trace(),
-            "noise_shrinkage": self.target.shrinkage,
         }
         return Step({"theta": theta, "momentum": p}, theta, logp, stats)
