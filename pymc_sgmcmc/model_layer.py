@@ -21,6 +21,7 @@ makes runs reproducible and gives every chain its own minibatch stream.
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import cached_property, partial
@@ -210,10 +211,41 @@ def _rebuild(outputs: Sequence[Variable], replace: dict[Variable, Variable]) -> 
             continue
         if isinstance(node.op, SymbolicOp):
             new_outputs = node.op(*inputs, return_list=True)
+        elif _types_changed(node.op, inputs) and _rebuildable_rv(node.op):
+            new_outputs = _rebuild_rv(node.op, inputs)
         else:
             new_outputs = node.clone_with_new_inputs(inputs, strict=False).outputs
         memo.update(zip(node.outputs, new_outputs, strict=True))
     return [memo.get(out, out) for out in outputs]
+
+
+def _types_changed(op, inputs: Sequence[Variable]) -> bool:
+    """Whether an OpFromGraph-based node's new inputs no longer fit the types it was built for."""
+    types = getattr(op, "input_types", None)
+    return types is not None and any(
+        not t.is_super(i.type) for t, i in zip(types, inputs, strict=True)
+    )
+
+
+def _rebuildable_rv(op) -> bool:
+    return getattr(op, "extended_signature", None) is not None and hasattr(op, "rv_op")
+
+
+def _rebuild_rv(op, inputs: Sequence[Variable]) -> list[Variable]:
+    """A PyMC ``SymbolicRandomVariable`` (``pm.NormalMixture``'s mixture, ...) built afresh for
+    new input types. Its ``make_node`` would, like a SymbolicOp's, force the new inputs into
+    the old static shapes with a ``SpecifyShape``: the one-row graph then hands PyMC's
+    log-probability rewrites a ``SpecifyShape`` where they expect the component variables.
+    Only the log-density of the result is used, so a fresh random generator is harmless."""
+    (rngs, size, params), _ = op.get_input_output_type_idxs(op.extended_signature)
+    kwargs = {}
+    if size is not None:
+        kwargs["size"] = inputs[size]
+    if len(rngs) == 1 and "rng" in inspect.signature(op.rv_op).parameters:
+        kwargs["rng"] = inputs[rngs[0]]
+    rebuilt = op.rebuild_rv(*(inputs[i] for i in params), **kwargs)
+    value = rebuilt[-1] if isinstance(rebuilt, list | tuple) else rebuilt
+    return value.owner.outputs
 
 
 def _power_iteration(matvec, start: np.ndarray, iterations: int) -> float:

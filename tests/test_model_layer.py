@@ -175,6 +175,31 @@ def test_categorical_likelihood_per_observation_gradients(likelihood):
     np.testing.assert_allclose(grads, reference, rtol=1e-5, atol=1e-6)
 
 
+def test_normal_mixture_likelihood_per_observation_gradients():
+    # pm.NormalMixture is a SymbolicRandomVariable whose components' shapes follow the batch;
+    # the one-row graph must rebuild it for one row instead of forcing the batch's shape on it.
+    n_obs, batch, weights = 60, 6, np.array([1 / 3, 2 / 3])
+    y = np.random.default_rng(4).standard_normal(n_obs)
+    with pm.Model() as model:
+        mu = pm.Normal("mu", 0.0, 10.0, shape=2)
+        y_mb = pm.Minibatch(y, batch_size=batch)
+        pm.NormalMixture("y", w=weights, mu=mu, sigma=1.0, observed=y_mb, total_size=n_obs)
+    sg = SGModel(model, model.value_vars)
+    force, logp, grads, _, _ = compile_layer(sg)(
+        theta := np.array([-0.7, 0.4]), idx := np.arange(6)
+    )
+    # d/d mu_k of log sum_j w_j N(y | mu_j, 1) = r_k (y - mu_k), r the responsibilities.
+    dens = weights * np.exp(-0.5 * (y[idx, None] - theta) ** 2)
+    resp = dens / dens.sum(1, keepdims=True)
+    expected = (n_obs / batch) * resp * (y[idx, None] - theta)
+    np.testing.assert_allclose(grads, expected, rtol=1e-10, atol=1e-12)
+    np.testing.assert_allclose(force, -theta / 100.0 + expected.sum(0), rtol=1e-10)
+    loglik = np.log(dens.sum(1) / np.sqrt(2 * np.pi)).sum()
+    logprior = (-0.5 * theta**2 / 100.0 - 0.5 * np.log(2 * np.pi * 100.0)).sum()
+    # PyMC's mixture log-density (a logsumexp) agrees to 7e-10 relative, not to the last digit.
+    np.testing.assert_allclose(logp, logprior + (n_obs / batch) * loglik, rtol=1e-8)
+
+
 def split_like(point, theta):
     out, start = {}, 0
     for name, value in point.items():
