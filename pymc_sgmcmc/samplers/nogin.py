@@ -10,6 +10,10 @@ import pytensor.tensor as pt
 from pymc_sgmcmc.base import SGMCMC, Step, positive
 from pymc_sgmcmc.operators import drift, kick, kinetic_temperature
 
+#: Largest min(D, n) for which ``solver="auto"`` forms the D x D (or n x n) system: above it,
+#: conjugate gradients' few O(nD) products cost less than the O(n min(D, n)^2) system.
+DIRECT_SOLVE_MAX_SIZE = 32
+
 __all__ = ["NOGIN"]
 
 
@@ -42,9 +46,13 @@ class NOGIN(SGMCMC):
     friction : float, default 1.0
         :math:`\gamma > 0`.
     solver : {"auto", "direct", "cg"}, default "auto"
-        How :math:`((1+\lambda^2) I + \tfrac{h^2}{4}\Sigma)^{-1} p` is computed: "auto" is a
-        D x D solve when D <= n and Woodbury through the n x n system otherwise; "cg" uses
-        conjugate gradients with :math:`\Sigma`-vector products only (50 iterations).
+        How :math:`((1+\lambda^2) I + \tfrac{h^2}{4}\Sigma)^{-1} p` is computed. "direct":
+        a D x D solve when D <= n, else Woodbury through the n x n system (either costs
+        :math:`n \min(D, n)^2` to form); "cg": conjugate gradients with :math:`\Sigma`-vector
+        products only (O(nD) each), stopped at relative residual 1e-10 (at most 200
+        iterations; 5-8 at D = 100, n = 500, h = 1e-3, 8-22 at h = 5e-3). "auto" takes
+        "direct" when :math:`\min(D, n) \le 32` and "cg" otherwise: at D = 100, n = 500 a
+        CG step costs about a third of a direct one (``benchmarks/covariance_results_cost.md``).
     noise_covariance : {"estimate", "exact"}, default "estimate"
         :math:`\Sigma` from the per-observation gradients of the same minibatch as
         :math:`\tilde F` (the paper's practical choice), or, as a testing device, the exact
@@ -147,10 +155,16 @@ class NOGIN(SGMCMC):
             return force, logp, self.target.exact_noise_covariance(theta)
         return force, logp, self.noise_estimate(sigma)
 
+    def _solver(self) -> str:
+        if self.solver != "auto":
+            return self.solver
+        rows = self.sg_model.batch_size or 0  # no minibatch: Sigma = 0, both are trivial
+        return "direct" if min(self.dim, rows) <= DIRECT_SOLVE_MAX_SIZE else "cg"
+
     def _damp(self, sigma, p, lam2, h):
         # ((1 - l2) I - b S)((1 + l2) I + b S)^{-1} p = 2 ((1 + l2) I + b S)^{-1} p - p.
         b = h**2 / 4.0
-        if self.solver == "cg":
+        if self._solver() == "cg":
             solved = sigma.solve_shifted_cg(1.0 + lam2, b, p)
         else:
             solved = sigma.solve_shifted(1.0 + lam2, b, p)
