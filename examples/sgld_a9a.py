@@ -149,8 +149,16 @@ def settings(quick: bool) -> dict[str, Any]:
     return {"runs": 50, "sweeps": 20.0, "thin": 26}
 
 
-def run_split(X: np.ndarray, y: np.ndarray, seed: int, budget: dict) -> dict[str, np.ndarray]:
-    """One run: a fresh split and SGLD chain from beta = 0; the curves at every stored draw."""
+def run_split(
+    X: np.ndarray,
+    y: np.ndarray,
+    seed: int,
+    budget: dict,
+    step_schedule: PolynomialDecay | None = None,
+) -> dict[str, np.ndarray]:
+    """One run: a fresh split and SGLD chain from beta = 0; the curves at every stored draw.
+    ``step_schedule`` defaults to :func:`schedule` (``scan_schedules`` passes others)."""
+    step_schedule = schedule() if step_schedule is None else step_schedule
     train, test = split(len(y), seed)
     X_train, y_train, X_test, y_test = X[train], y[train], X[test], y[test]
     n_train, thin = len(train), budget["thin"]
@@ -164,7 +172,10 @@ def run_split(X: np.ndarray, y: np.ndarray, seed: int, budget: dict) -> dict[str
         # the README, "Package bugs"); within the first block it compares with the starting
         # point's log-density, whose margin is ten times larger.
         return SGLD(
-            step_size=schedule(), thin=thin, adapt_preconditioner=False, block_steps=n_draws * thin
+            step_size=step_schedule,
+            thin=thin,
+            adapt_preconditioner=False,
+            block_steps=n_draws * thin,
         )
 
     run = sample(model, make_step, draws=n_draws, tune=0, seed=seed)
@@ -195,6 +206,43 @@ def run_split(X: np.ndarray, y: np.ndarray, seed: int, budget: dict) -> dict[str
 
 
 CURVES = ["log_joint", "accuracy", "mean_accuracy", "mean_logpred"]
+#: The (eps_0, b) pairs tried before choosing the schedule; b = 12 makes eps_t fall by a factor
+#: of 100 over 20 sweeps, like the paper's section 5.1 schedule over its run.
+SCAN = [(1e-5, 1_000.0), (4e-5, 1_000.0), (8e-5, 1_000.0), (4e-5, 12.0)]
+
+
+def scan_schedules(
+    output_dir: str | Path | None = None, seed: int = 2011, sweeps: float = 10.0
+) -> list[dict]:
+    """The step-size schedules tried (``SCAN``), one run each on the same split and seed; writes
+    ``schedules.md``/``.csv``. Not part of ``main``: run it from ``examples/`` with
+    ``python -c "import sgld_a9a; sgld_a9a.scan_schedules()"``."""
+    folder = results_dir(NAME, output_dir)
+    X, y = load_pool()
+    budget = {"runs": 1, "sweeps": sweeps, "thin": 26}
+    rows = []
+    for eps_0, b in SCAN:
+        run = run_split(X, y, seed, budget, step_schedule=schedule(eps_0, b))
+        row: dict[str, Any] = {"eps_0": eps_0, "b": b, "gamma": GAMMA}
+        for target in (1.0, 5.0, sweeps):
+            k = int(np.searchsorted(run["sweeps"], target + 1e-9)) - 1
+            row[f"log_joint_{target:g}"] = float(run["log_joint"][k])
+        row |= {
+            "map_log_joint": run["map_log_joint"],
+            "accuracy": float(run["accuracy"][-1]),
+            "mean_accuracy": float(run["mean_accuracy"][-1]),
+            "mean_logpred": float(run["mean_logpred"][-1]),
+            "divergences": run["divergences"],
+        }
+        rows.append(row)
+    notes = (
+        f"One run per schedule eps_t = a (b + t)^(-gamma) with eps_0 = a b^(-gamma), split and "
+        f"chain seed {seed}, {sweeps:g} sweeps; log_joint_S: per-draw log joint per training "
+        f"item at S sweeps; accuracy, mean_accuracy, mean_logpred as in sweeps.md, at {sweeps:g} "
+        "sweeps."
+    )
+    write_table(rows, folder, "schedules", "Step-size schedules tried", notes)
+    return rows
 
 
 def summary_rows(runs: list[dict], table_sweeps: list[float]) -> list[dict]:
