@@ -14,8 +14,9 @@ split the example records, for several seeded runs (split and chain):
   probabilities averaged over the draws so far with weights eps_t, the first 20 % of those draws
   dropped as burn-in;
 * as a reference, the maximum a posteriori (MAP) point of each split, found by L-BFGS-B on the
-  full data: its log joint, minus D / (2N) (the Laplace approximation of the posterior mean of
-  the log joint), is where the per-draw log joint should level off.
+  full data: its log joint minus D / (2N) (the Gaussian approximation of the posterior mean of
+  the log joint), or minus (D + Z) / (2N) with the Z coordinates that sit at the Laplace prior's
+  kink counted as Laplace-distributed, is about where the per-draw log joint should level off.
 
 Run: ``.venv/bin/python examples/sgld_a9a.py [--quick] [--output-dir DIR]``.
 """
@@ -170,7 +171,9 @@ def run_split(
         # compiled block for the whole run: the package's runaway check flags ordinary
         # minibatch log-densities as divergences from the second block on when n = 10 (see
         # the README, "Package bugs"); within the first block it compares with the starting
-        # point's log-density, whose margin is ten times larger.
+        # point's log-density, whose margin is ten times larger. (The package caps a block at
+        # 64 MiB of positions, 67,650 steps at D = 124: runs beyond about 26 sweeps would have
+        # several blocks.)
         return SGLD(
             step_size=step_schedule,
             thin=thin,
