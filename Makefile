@@ -31,7 +31,7 @@ docs:
 # The papers' experiments in full mode (long: see examples/README.md); results in examples/output/.
 .PHONY: examples
 examples: venv
-	for e in normal_gamma gmm1d_nogin linear_regression_w2 mnist_logistic drbm; do \
+	for e in normal_gamma gmm1d_nogin linear_regression_w2 mnist_logistic drbm sgld_a9a; do \
 		$(PY) examples/$$e.py || exit 1; done
 
 # Benchmark suite (issue 4): every sampler inside pm.sample on P1-P4 and MNIST against a NumPy
