@@ -63,6 +63,12 @@ class MCCAdL(Thermostatted):
         :math:`\|\tfrac{h^2}{2}\Sigma\|` (Al-Mohy & Higham's tables). Single precision
         perturbs :math:`\Sigma` by 6e-8 relative, far below its estimation error from n rows,
         with about half the products of double precision.
+    expm_max_products : int, default 64
+        With ``mode="JAX"`` only, which cannot run a loop of data-dependent length: the C
+        step always runs this many :math:`\Sigma`-vector products (those beyond s·m change
+        nothing), and a step that needs more (:math:`\|\tfrac{h^2}{2}\Sigma\|` beyond
+        about 12.6 at "single", 7.1 at "double" for 64) is treated as a divergence. Other
+        modes run exactly s·m products.
     **kwargs
         ``thin``, ``block_steps``, ``mode``, ``compile_kwargs``, ``model``,
         ``divergence_threshold``: see :class:`pymc_sgmcmc.base.SGMCMC`.
@@ -129,6 +135,7 @@ class MCCAdL(Thermostatted):
         covariance: Literal["lowrank", "full", "diag"] = "lowrank",
         noise_shrinkage: float | Literal["auto"] | None = None,
         expm_tolerance: Literal["single", "double"] = "single",
+        expm_max_products: int = 64,
         **kwargs,
     ):
         self._set_step_size(step_size)
@@ -140,6 +147,11 @@ class MCCAdL(Thermostatted):
         if expm_tolerance not in TAYLOR_THETA:
             raise ValueError(f"expm_tolerance must be 'single' or 'double', got {expm_tolerance!r}")
         self.expm_tolerance = expm_tolerance
+        if int(expm_max_products) != expm_max_products or expm_max_products < 1:
+            raise ValueError(
+                f"expm_max_products must be a positive integer, got {expm_max_products}"
+            )
+        self.expm_max_products = int(expm_max_products)
         super().__init__(vars, **kwargs)
         self._set_thermostat_mass(thermostat_mass)
 
@@ -157,7 +169,8 @@ class MCCAdL(Thermostatted):
         theta_new = drift(theta, p, half)  # A(h/2)
         p = ornstein_uhlenbeck(p, xi, a, half, noise[0])  # O(h/2) with the old xi
         xi_new = thermostat(xi, p, half, mu)  # D(h/2)
-        p, s, m = sigma.expm_matvec(-(h**2) / 2.0, p, self.expm_tolerance)  # C(h)
+        cap = self.expm_max_products if self.static_shapes else None  # JAX: a fixed count
+        p, s, m = sigma.expm_matvec(-(h**2) / 2.0, p, self.expm_tolerance, cap)  # C(h)
         xi_new = thermostat(xi_new, p, half, mu)  # D(h/2)
         p = ornstein_uhlenbeck(p, xi_new, a, half, noise[1])  # O(h/2) with the new xi
         theta_new = drift(theta_new, p, half)  # A(h/2)

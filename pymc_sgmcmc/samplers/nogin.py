@@ -44,7 +44,8 @@ class NOGIN(SGMCMC):
     solver : {"auto", "direct", "cg"}, default "auto"
         How :math:`((1+\lambda^2) I + \tfrac{h^2}{4}\Sigma)^{-1} p` is computed: "auto" is a
         D x D solve when D <= n and Woodbury through the n x n system otherwise; "cg" uses
-        conjugate gradients with :math:`\Sigma`-vector products only (50 iterations).
+        conjugate gradients with :math:`\Sigma`-vector products only (at most 50 iterations;
+        with ``mode="JAX"`` always 50, the iterate frozen once converged).
     noise_covariance : {"estimate", "exact"}, default "estimate"
         :math:`\Sigma` from the per-observation gradients of the same minibatch as
         :math:`\tilde F` (the paper's practical choice), or, as a testing device, the exact
@@ -151,7 +152,8 @@ class NOGIN(SGMCMC):
         # ((1 - l2) I - b S)((1 + l2) I + b S)^{-1} p = 2 ((1 + l2) I + b S)^{-1} p - p.
         b = h**2 / 4.0
         if self.solver == "cg":
-            solved = sigma.solve_shifted_cg(1.0 + lam2, b, p)
+            # JAX has no loop of data-dependent length: all 50 iterations, frozen once converged.
+            solved = sigma.solve_shifted_cg(1.0 + lam2, b, p, fixed_count=self.static_shapes)
         else:
             solved = sigma.solve_shifted(1.0 + lam2, b, p)
         return 2.0 * solved - p
