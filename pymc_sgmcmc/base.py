@@ -7,7 +7,8 @@ step-method contract (``PLATFORM_NOTES.md``):
 * it compiles ``block_steps`` integrator steps into one PyTensor ``scan`` whose sequences are
   the minibatch indices, the Gaussian noise and the step sizes, all drawn here, in NumPy, from
   the chain's own generator: runs are reproducible whatever ``cores`` is, and every chain has
-  its own minibatch stream;
+  its own minibatch stream; every step has an ``active`` flag (an inactive step leaves the
+  state unchanged), so that backends with static shapes (JAX) run short blocks padded;
 * ``astep`` hands out the stored draws of a block one by one (every ``thin``-th step);
 * a non-finite state, a position beyond ``divergence_threshold`` or a collapse of the
   minibatch log-density far below the best seen flags ``diverging``;
@@ -305,7 +306,8 @@ class SGMCMC(ArrayStepShared):
         """Whether the compilation mode needs every array shape fixed when it compiles (JAX:
         ``jax.jit`` traces with concrete shapes, so a block's scan must have a static length
         and its inner loops a fixed count)."""
-        return isinstance(get_mode(self.mode).linker, JAXLinker)
+        mode = self.compile_kwargs.get("mode", self.mode)  # as _compile passes it on
+        return isinstance(get_mode(mode).linker, JAXLinker)
 
     def _compile(self):
         ml = self.sg_model
@@ -346,10 +348,10 @@ class SGMCMC(ArrayStepShared):
         Every step has an ``active`` flag: an inactive step leaves the state unchanged, so a
         block shorter than the compiled length runs padded (JAX) and the host discards the
         padded steps' outputs."""
+        names = self.functions[1]  # compiles the rest first
         if length in self._block_functions:
             return self._block_functions[length]
         states0, kernel, kwargs = self._block_graph_inputs
-        names = self.functions[1]
         index_seqs = [
             pt.matrix(f"indices_{k}", dtype="int64", shape=(length, i.type.shape[0]))
             for k, i in enumerate(self.sg_model.indices)
