@@ -7,7 +7,8 @@ step-method contract (``PLATFORM_NOTES.md``):
 * it compiles ``block_steps`` integrator steps into one PyTensor ``scan`` whose sequences are
   the minibatch indices, the Gaussian noise and the step sizes, all drawn here, in NumPy, from
   the chain's own generator: runs are reproducible whatever ``cores`` is, and every chain has
-  its own minibatch stream;
+  its own minibatch stream; every step has an ``active`` flag (an inactive step leaves the
+  state unchanged), so that backends with static shapes (JAX) run short blocks padded;
 * ``astep`` hands out the stored draws of a block one by one (every ``thin``-th step);
 * a non-finite state, a position beyond ``divergence_threshold`` or a collapse of the
   minibatch log-density far below the best seen flags ``diverging``;
@@ -32,6 +33,8 @@ from pymc.step_methods.arraystep import ArrayStepShared
 from pymc.step_methods.compound import Competence, StepMethodState
 from pymc.step_methods.state import dataclass_state
 from pytensor import config
+from pytensor.compile.mode import get_mode
+from pytensor.link.jax.linker import JAXLinker
 from pytensor.tensor.variable import TensorVariable
 from rich.progress import TextColumn
 from rich.table import Column
@@ -298,6 +301,14 @@ class SGMCMC(ArrayStepShared):
         return min(self.stable_step_size(curvature), 0.5 * failed)
 
     # ------------------------------------------------------------------ compilation
+    @property
+    def static_shapes(self) -> bool:
+        """Whether the compilation mode needs every array shape fixed when it compiles (JAX:
+        ``jax.jit`` traces with concrete shapes, so a block's scan must have a static length
+        and its inner loops a fixed count)."""
+        mode = self.compile_kwargs.get("mode", self.mode)  # as _compile passes it on
+        return isinstance(get_mode(mode).linker, JAXLinker)
+
     def _compile(self):
         ml = self.sg_model
         theta = pt.vector("theta", shape=(self.dim,))
@@ -326,19 +337,35 @@ class SGMCMC(ArrayStepShared):
             state0[name] = var.type(name)
         for name, value in aux.items():
             state0[name] = pt.tensor(name, shape=np.shape(value), dtype="float64")
+        self._block_graph_inputs = ([state0[n] for n in names], kernel, kwargs)
+        self._functions = (init_fn, names, list(evaluated))
+        self._block_functions = {}
+
+    def _block_function(self, length: int | None):
+        """The compiled block of ``length`` steps (None: any length, for the backends that
+        take dynamic shapes), and the names of its integrator stats; built on first use.
+
+        Every step has an ``active`` flag: an inactive step leaves the state unchanged, so a
+        block shorter than the compiled length runs padded (JAX) and the host discards the
+        padded steps' outputs."""
+        names = self.functions[1]  # compiles the rest first
+        if length in self._block_functions:
+            return self._block_functions[length]
+        states0, kernel, kwargs = self._block_graph_inputs
         index_seqs = [
-            pt.matrix(f"indices_{k}", dtype="int64", shape=(None, i.type.shape[0]))
-            for k, i in enumerate(ml.indices)
+            pt.matrix(f"indices_{k}", dtype="int64", shape=(length, i.type.shape[0]))
+            for k, i in enumerate(self.sg_model.indices)
         ]
-        noise_seq = pt.tensor("noise_seq", shape=(None, self.noise_vectors, self.dim))
-        h_seq = pt.vector("h_seq")
+        noise_seq = pt.tensor("noise_seq", shape=(length, self.noise_vectors, self.dim))
+        h_seq = pt.vector("h_seq", shape=(length,))
+        active_seq = pt.vector("active_seq", dtype="bool", shape=(length,))
         n_idx = len(index_seqs)
         stat_names: list[str] = []
 
         def one_step(*args):
             idx_t = list(args[:n_idx])
-            noise_t, h_t = args[n_idx], args[n_idx + 1]
-            state = dict(zip(names, args[n_idx + 2 :], strict=True))
+            noise_t, h_t, active_t = args[n_idx : n_idx + 3]
+            state = dict(zip(names, args[n_idx + 3 :], strict=True))
             step = self.integrate(state, idx_t, noise_t, h_t)
             stat_names[:] = list(step.stats)
             new = [step.state[n] for n in names]
@@ -346,23 +373,26 @@ class SGMCMC(ArrayStepShared):
             sane = pt.all([pt.all(pt.isfinite(v)) for v in [*new, draw]]) & (
                 pt.max(pt.abs(draw)) < self.divergence_threshold
             )
+            # Only the state is masked: the traced outputs of inactive steps are discarded.
+            new = [pt.switch(active_t, v, state[n]) for n, v in zip(names, new, strict=True)]
             stat_values = [pt.as_tensor(v).astype("float64") for v in step.stats.values()]
             return [*new, draw, pt.as_tensor(step.logp), sane, *stat_values]
 
         n_stats = len(self._integrator_stat_names())
         outputs = pytensor.scan(
             one_step,
-            sequences=[*index_seqs, noise_seq, h_seq],
-            outputs_info=[state0[n] for n in names] + [None] * (3 + n_stats),
+            sequences=[*index_seqs, noise_seq, h_seq, active_seq],
+            outputs_info=[*states0] + [None] * (3 + n_stats),
             return_updates=False,
         )
         states, traces = outputs[: len(names)], outputs[len(names) :]
         block_fn = self._function(
-            [*(state0[n] for n in names), *index_seqs, noise_seq, h_seq, *kernel],
+            [*states0, *index_seqs, noise_seq, h_seq, active_seq, *kernel],
             [*(s[-1] for s in states), *traces],
             kwargs,
         )
-        self._functions = (init_fn, block_fn, names, list(evaluated), stat_names)
+        self._block_functions[length] = (block_fn, stat_names)
+        return block_fn, stat_names
 
     def _function(self, inputs, outputs, kwargs):
         # PyMC's compile turns the logp's parameter checks into -inf instead of exceptions, so
@@ -388,7 +418,8 @@ class SGMCMC(ArrayStepShared):
         # Compiled functions are rebuilt lazily in each worker process (cores > 1).
         state = self.__dict__.copy()
         state["_functions"] = None
-        state.pop("target", None)
+        for name in ("target", "_block_functions", "_block_graph_inputs"):
+            state.pop(name, None)
         return state
 
     # ------------------------------------------------------------------ PyMC contract
@@ -569,7 +600,7 @@ class SGMCMC(ArrayStepShared):
 
     # ------------------------------------------------------------------ blocks
     def _initial_state(self, theta: np.ndarray) -> dict[str, np.ndarray]:
-        init_fn, _, names, evaluated, _ = self.functions
+        init_fn, names, evaluated = self.functions
         state = {"theta": np.asarray(theta / self.scale, dtype=config.floatX)}
         if init_fn is not None:
             indices = [i[0] for i in self.sg_model.draw_indices(self.rng, 1)]
@@ -580,14 +611,15 @@ class SGMCMC(ArrayStepShared):
         return {n: state[n] for n in names}
 
     def _fill_buffer(self, theta: np.ndarray) -> None:
-        _, block_fn, names, _, stat_names = self.functions
+        names = self.functions[1]
         if self.step_size is None:
             self._initial_kernel(theta)
         if self.chain_state is None:
             if self.shrinkage_due and self.noise_shrinkage == "auto":
                 self._estimate_shrinkage(theta)
             self.chain_state = self._initial_state(theta)
-        n_draws = max(1, self.block_steps // self.thin)
+        full_draws = max(1, self.block_steps // self.thin)
+        n_draws = full_draws
         if self.draws_left is not None and self.draws_left > 0:
             n_draws = min(n_draws, self.draws_left)
         if self.tune and self.tune_left > 0:
@@ -601,8 +633,15 @@ class SGMCMC(ArrayStepShared):
         h = np.asarray(self.step_sizes(step_index), dtype=config.floatX)
         indices = self.sg_model.draw_indices(self.rng, n_steps)
         noise = self.rng.standard_normal((n_steps, self.noise_vectors, self.dim))
-        out = block_fn(*(self.chain_state[n] for n in names), *indices, noise, h, *self._kernel)
-        final, (thetas, logps, sane, *stats) = out[: len(names)], out[len(names) :]
+        # JAX compiles one block length per thin (a full block); shorter blocks are padded.
+        length = full_draws * self.thin if self.static_shapes else None
+        block_fn, stat_names = self._block_function(length)
+        sequences = _padded([*indices, noise, h, np.ones(n_steps, dtype=bool)], length)
+        out = block_fn(*(self.chain_state[n] for n in names), *sequences, *self._kernel)
+        # JAX returns read-only views of its buffers, which PyMC's trace cannot take.
+        out = [o if o.flags.writeable else np.array(o) for o in map(np.asarray, out)]
+        final = out[: len(names)]
+        thetas, logps, sane, *stats = (trace[:n_steps] for trace in out[len(names) :])
         stored = slice(self.thin - 1, None, self.thin)
         buffer = {
             "theta": thetas[stored],
@@ -683,6 +722,17 @@ class SGMCMC(ArrayStepShared):
                 stacklevel=2,
             )
         return kept
+
+
+def _padded(sequences: list[np.ndarray], length: int | None) -> list[np.ndarray]:
+    """The per-step sequences of a block extended to ``length`` steps (unchanged for None):
+    the padding repeats the last step (finite values, so the padded steps compute what a real
+    step would) and its ``active`` flag, the last sequence, is False."""
+    if length is None or length == len(sequences[-1]):
+        return sequences
+    extra = length - len(sequences[-1])
+    padded = [np.concatenate([s, np.repeat(s[-1:], extra, axis=0)]) for s in sequences[:-1]]
+    return [*padded, np.concatenate([sequences[-1], np.zeros(extra, dtype=bool)])]
 
 
 class Thermostatted(SGMCMC):

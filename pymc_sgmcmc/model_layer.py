@@ -685,14 +685,22 @@ class Covariance:
         )
 
     def solve_shifted_cg(
-        self, alpha, b, v: Variable, iterations: int = 200, tolerance: float = 1e-10
+        self,
+        alpha,
+        b,
+        v: Variable,
+        iterations: int = 200,
+        tolerance: float = 1e-10,
+        fixed_count: bool = False,
     ) -> Variable:
         """The same solve by conjugate gradients, with matrix-vector products only.
 
         Stops when the residual falls below ``tolerance`` times ||v|| or after ``iterations``
         products. The matrix is well conditioned (its eigenvalues lie in
         [alpha, alpha + b lambda_max]), so a few iterations usually suffice: with a shrunk
-        estimate (``ShrunkCovariance``) the spread, hence the count, drops further."""
+        estimate (``ShrunkCovariance``) the spread, hence the count, drops further.
+        ``fixed_count=True`` (for JAX, which has no data-dependent loop) always runs
+        ``iterations`` products and freezes the iterate once converged: the same result."""
 
         def apply(x):
             return alpha * x + b * self.matvec(x)
@@ -702,11 +710,15 @@ class Covariance:
         def cg_step(x, r, d, rr):
             ad = apply(d)
             step = pt.switch(rr > 0, rr / pt.dot(d, ad), 0.0)
-            x = x + step * d
-            r = r - step * ad
-            rr_new = pt.dot(r, r)
-            d = r + pt.switch(rr > 0, rr_new / rr, 0.0) * d
-            return (x, r, d, rr_new), until(rr_new <= stop)
+            x_new = x + step * d
+            r_new = r - step * ad
+            rr_new = pt.dot(r_new, r_new)
+            d_new = r_new + pt.switch(rr > 0, rr_new / rr, 0.0) * d
+            if fixed_count:
+                done = rr <= stop  # converged at an earlier iteration
+                old, new = (x, r, d, rr), (x_new, r_new, d_new, rr_new)
+                return tuple(pt.switch(done, o, n) for o, n in zip(old, new, strict=True))
+            return (x_new, r_new, d_new, rr_new), until(rr_new <= stop)
 
         x0 = v / alpha
         r0 = v - apply(x0)
@@ -748,7 +760,9 @@ class Covariance:
         rayleigh = pt.dot(x, self.matvec(x))
         return pt.minimum(2.0 * rayleigh, self.trace())
 
-    def expm_matvec(self, scale, v: Variable, tolerance: str = "double"):
+    def expm_matvec(
+        self, scale, v: Variable, tolerance: str = "double", max_products: int | None = None
+    ):
         """exp(scale * Sigma) v for scale <= 0, with only products Sigma x (mCCAdL eqs. 18-22).
 
         Shift by mu = scale tr(Sigma) / D, then exp(mu) (T_m(M / s))^s v with M the shifted
@@ -760,6 +774,11 @@ class Covariance:
         :meth:`largest_eigenvalue_bound` started at ``v`` (the trace alone, though
         guaranteed, over-estimates by up to a factor D and multiplies the cost accordingly)
         and :meth:`eigenvalue_floor`. Returns (result, s, m).
+
+        ``max_products`` (for JAX, which has no loop of data-dependent length): the loop
+        always runs that many products, those beyond s m leaving the result unchanged (the
+        same result); where s m exceeds it the result is NaN, which the samplers treat as a
+        divergence.
         """
         dim = self.dim
         tr = self.trace()
@@ -782,13 +801,24 @@ class Covariance:
             done = pt.eq(j, m)
             return acc, pt.switch(done, acc, term), pt.switch(done, 0, j)
 
-        acc, _, _ = pytensor.scan(
-            taylor_term,
-            outputs_info=[v, v, pt.constant(0, dtype="int64")],
-            n_steps=s * m,
+        def masked_term(acc, term, j, k):
+            # Product k of a fixed count: those beyond s m leave (acc, term, j) unchanged.
+            new = taylor_term(acc, term, j)
+            old = (acc, term, j)
+            return (*(pt.switch(k < s * m, a, b) for a, b in zip(new, old, strict=True)), k + 1)
+
+        fixed = max_products is not None
+        zero = pt.constant(0, dtype="int64")
+        outputs = pytensor.scan(
+            masked_term if fixed else taylor_term,
+            outputs_info=[v, v, zero, zero] if fixed else [v, v, zero],
+            n_steps=max_products if fixed else s * m,
             return_updates=False,
         )
-        return pt.exp(mu) * acc[-1], s, m
+        result = pt.exp(mu) * outputs[0][-1]
+        if fixed:
+            result = pt.switch(s * m <= max_products, result, np.nan)
+        return result, s, m
 
 
 class DenseCovariance(Covariance):

@@ -13,6 +13,9 @@ from pymc_sgmcmc.operators import drift, kick, kinetic_temperature
 #: Largest min(D, n) for which ``solver="auto"`` forms the D x D (or n x n) system: above it,
 #: conjugate gradients' few O(nD) products cost less than the O(n min(D, n)^2) system.
 DIRECT_SOLVE_MAX_SIZE = 32
+#: Conjugate-gradient iterations under JAX, which runs them all (about 10 times the 5-8 a step
+#: at h = 1e-3 needs on the D = 100 regression).
+JAX_CG_ITERATIONS = 50
 
 __all__ = ["NOGIN"]
 
@@ -50,7 +53,8 @@ class NOGIN(SGMCMC):
         a D x D solve when D <= n, else Woodbury through the n x n system (either costs
         :math:`n \min(D, n)^2` to form); "cg": conjugate gradients with :math:`\Sigma`-vector
         products only (O(nD) each), stopped at relative residual 1e-10 (at most 200
-        iterations; 5-8 at D = 100, n = 500, h = 1e-3, 8-22 at h = 5e-3). "auto" takes
+        iterations; 5-8 at D = 100, n = 500, h = 1e-3, 8-22 at h = 5e-3; with ``mode="JAX"``
+        always 50, the iterate frozen once converged). "auto" takes
         "direct" when :math:`\min(D, n) \le 32` and "cg" otherwise: at D = 100, n = 500 a
         CG step costs about a third of a direct one (``benchmarks/covariance_results_cost.md``).
     noise_covariance : {"estimate", "exact"}, default "estimate"
@@ -165,7 +169,11 @@ class NOGIN(SGMCMC):
         # ((1 - l2) I - b S)((1 + l2) I + b S)^{-1} p = 2 ((1 + l2) I + b S)^{-1} p - p.
         b = h**2 / 4.0
         if self._solver() == "cg":
-            solved = sigma.solve_shifted_cg(1.0 + lam2, b, p)
+            # JAX has no loop of data-dependent length: a fixed count, frozen once converged.
+            fixed = {"iterations": JAX_CG_ITERATIONS, "fixed_count": True}
+            solved = sigma.solve_shifted_cg(
+                1.0 + lam2, b, p, **(fixed if self.static_shapes else {})
+            )
         else:
             solved = sigma.solve_shifted(1.0 + lam2, b, p)
         return 2.0 * solved - p

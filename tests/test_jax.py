@@ -1,0 +1,130 @@
+"""Every sampler under PyTensor's JAX backend (``mode="JAX"``) draws the default backend's chain.
+
+All randomness (minibatch indices, Gaussian noise) is drawn on the host in NumPy and passed to
+the compiled block, so with the same ``random_seed`` the two backends run the same arithmetic
+on the same inputs: the draws must agree to rounding (float64), the sharpest check that the
+JAX path (static block lengths with padded short blocks, fixed-count CG and Taylor loops)
+computes the same chain. Skipped when JAX is not installed (it is in the ``test`` extra).
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import numpy as np
+import pymc as pm
+import pytensor
+import pytensor.tensor as pt
+import pytest
+from models import GaussianRegression
+
+from pymc_sgmcmc import MSGLD, NOGIN, SGHMC, SGLD, SGNHT, CCAdL, MCCAdL
+from pymc_sgmcmc.model_layer import DenseCovariance
+
+pytest.importorskip("jax")
+
+SAMPLE_KWARGS = dict(chains=1, progressbar=False, compute_convergence_checks=False)
+#: Rounding only: the two compilers may order floating-point sums differently, and the
+#: chains' dynamics amplify such differences a little over a few hundred steps.
+TOLERANCE = 1e-10
+
+
+def small_model() -> pm.Model:
+    return GaussianRegression.make(n_obs=200, dim=3, batch_size=20).model()
+
+
+def sample_both(factory, **kwargs):
+    """The same run with the default mode and with JAX: (default, jax) DataTrees."""
+    results = []
+    for mode in (None, "JAX"):
+        with small_model(), warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)  # divergence warnings
+            results.append(pm.sample(step=factory(mode), random_seed=5, **kwargs))
+    return results
+
+
+def assert_same_chain(default, jax, stats=("minibatch_logp", "step_size", "diverging")):
+    np.testing.assert_allclose(
+        jax.posterior["w"].values, default.posterior["w"].values, rtol=0, atol=TOLERANCE
+    )
+    for name in stats:
+        np.testing.assert_allclose(
+            jax.sample_stats[name].values,
+            default.sample_stats[name].values,
+            rtol=TOLERANCE,
+            err_msg=name,
+        )
+
+
+# Options that reach the code JAX needs changed: NOGIN's CG (a loop with a stopping rule) and
+# mCCAdL's Taylor product (a loop of data-dependent length), the eigen-decompositions of
+# mSGLD and SGHMC's B-hat, CCAdL's moving average.
+SAMPLERS = {
+    "SGLD": lambda **kw: SGLD(step_size=0.01, **kw),
+    "MSGLD": lambda **kw: MSGLD(step_size=0.01, **kw),
+    "SGHMC": lambda **kw: SGHMC(step_size=0.01, gradient_noise="estimate", **kw),
+    "SGNHT": lambda **kw: SGNHT(step_size=0.01, **kw),
+    "CCAdL": lambda **kw: CCAdL(step_size=0.01, **kw),
+    "MCCAdL": lambda **kw: MCCAdL(step_size=0.01, **kw),
+    "NOGIN": lambda **kw: NOGIN(step_size=0.01, solver="cg", **kw),
+}
+
+
+@pytest.mark.parametrize("name", list(SAMPLERS))
+def test_jax_draws_equal_the_default_backend(name):
+    # block_steps = 50: the 30 tuning draws are one short block (padded under JAX, at the end
+    # of tuning), the 70 draws a full block and a short last one.
+    make = SAMPLERS[name]
+    default, jax = sample_both(
+        lambda mode: make(block_steps=50, mode=mode), tune=30, draws=70, **SAMPLE_KWARGS
+    )
+    assert not default.sample_stats["diverging"].values.any()
+    assert_same_chain(default, jax)
+
+
+def test_jax_follows_the_adaptation_windows():
+    # Adapted step size and thin: blocks end at every window boundary, thin changes with the
+    # step size (one compiled block length per thin under JAX).
+    default, jax = sample_both(
+        lambda mode: SGNHT(block_steps=200, mode=mode), tune=150, draws=50, **SAMPLE_KWARGS
+    )
+    assert len(np.unique(default.sample_stats["thin"].values)) == 1  # fixed after tuning
+    assert_same_chain(default, jax, stats=("minibatch_logp", "step_size", "thin", "thermostat"))
+
+
+def test_jax_divergence_restarts_identically():
+    # eps = 0.5 diverges within a few steps: the chain restarts from its last sane draw and
+    # runs the short blocks that follow a divergence (1, 2, 4, ... draws), padded under JAX.
+    default, jax = sample_both(
+        lambda mode: SGLD(step_size=0.5, block_steps=40, mode=mode),
+        tune=0,
+        draws=60,
+        **SAMPLE_KWARGS,
+    )
+    diverging = default.sample_stats["diverging"].values
+    assert diverging.sum() > 5
+    assert_same_chain(default, jax)
+
+
+def test_static_shapes_follow_the_mode():
+    with small_model():
+        assert SGLD(step_size=0.01, mode="JAX").static_shapes
+        assert not SGLD(step_size=0.01).static_shapes
+
+
+def test_taylor_product_beyond_its_fixed_count_is_nan():
+    # JAX runs a fixed number of products: enough gives the unbounded loop's result, too few
+    # a NaN (a divergence for the sampler), never a silently truncated series.
+    rng = np.random.default_rng(0)
+    a = rng.standard_normal((4, 4))
+    sigma = DenseCovariance(pt.constant(a @ a.T), 4)
+    v = pt.constant(rng.standard_normal(4))
+    scale = pt.scalar("scale")
+    outputs = [sigma.expm_matvec(scale, v, "double", cap)[0] for cap in (None, 64, 2)] + [
+        pt.prod(sigma.expm_matvec(scale, v, "double")[1:])
+    ]
+    fn = pytensor.function([scale], outputs, mode="FAST_COMPILE")
+    free, capped, short, products = fn(-0.3)
+    assert 2 < products <= 64
+    np.testing.assert_allclose(capped, free, rtol=1e-14)
+    assert np.isnan(short).all()
