@@ -71,8 +71,11 @@ class NOGIN(SGMCMC):
         intensity estimated from the per-observation gradients at the chain start, after
         every adaptation window and at the end of ``tune`` ("auto"; then fixed), or the
         given number in [0, 1]. It removes most of the variance inflation at large step
-        sizes that comes from the sample covariance's eigenvalue spread (see
-        ``benchmarks/noise_estimator_results_*.md``), at no extra cost per step.
+        sizes that comes from the sample covariance's eigenvalue spread when the gradient
+        noise is nearly isotropic (Ledoit-Wolf intensity near 1), at no extra cost per step.
+        On strongly anisotropic noise it adds damping where there is little noise and
+        under-disperses (MNIST 7/9, intensity 0.11: variance ratio 0.81-0.91 against
+        1.02-1.03 without; see ``benchmarks/noise_estimator_results_*.md``).
     **kwargs
         ``thin``, ``block_steps``, ``mode``, ``compile_kwargs``, ``model``,
         ``divergence_threshold``: see :class:`pymc_sgmcmc.base.SGMCMC`.
