@@ -113,7 +113,11 @@ def test_stability_at_large_step_size(mccadl_regression, name):
         print(name, "W2", w2, "variance ratio", ratio)
         assert w2 < 0.06 and ratio < 2.0
     else:
-        assert divergences > 1000
+        # It blows up again after every restart from the last sane draw: diverging draws in
+        # every quarter of the run (CCAdL: almost every draw; SGHMC, whose restarted momentum
+        # takes a few dozen steps to heat up again: about one draw in 25).
+        flags = idata.sample_stats["diverging"].values[0]
+        assert all(quarter.sum() >= 10 for quarter in np.array_split(flags, 4)), divergences
 
 
 def test_shrinkage_removes_the_variance_inflation_of_the_sample_covariance(mccadl_regression):
