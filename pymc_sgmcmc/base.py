@@ -658,7 +658,9 @@ class SGMCMC(ArrayStepShared):
         if sane.all():
             self.chain_state = dict(zip(names, final, strict=True))
             self.step_count += n_steps
-            self.typical_logp = max(self.typical_logp, float(np.median(logps)))
+            median = float(np.median(logps))
+            first = self.typical_logp is None
+            self.typical_logp = median if first else max(self.typical_logp, median)
             if self.block_cap is not None:
                 self.block_cap = (
                     None
@@ -677,21 +679,19 @@ class SGMCMC(ArrayStepShared):
 
         An unstable chain grows geometrically (or heats up to a far too wide state) and its
         log-density collapses long before the position overflows. The typical value is the
-        median of the chain's first 50 steps, raised to the median of every later sane block
-        that is higher: medians, because a single minibatch estimate is noisy (a maximum over
-        steps sits several noise widths above the typical value, and flagged 8 % of ordinary
-        steps with n = 10 of N = 26,049 rows), and never lowered, so that a chain drifting
-        away cannot drag the reference along. The margin, max(1e4, 10 |typical|), is far
-        beyond the minibatch fluctuations of the estimate (at most about 4 |typical| over
-        14,000 steps of that n = 10 case).
+        median of the first sane block, raised to the median of every later sane block that
+        is higher; within the first block, the first step's value. Medians, because a single
+        minibatch estimate is noisy (a maximum over steps sits several noise widths above the
+        typical value, and flagged 8 % of ordinary steps with n = 10 of N = 26,049 rows);
+        never lowered, so that a chain drifting away cannot drag the reference along; and the
+        first step rather than a median within the first block, which a blow-up in its first
+        steps would already contaminate. The margin, max(1e4, 10 |typical|), is far beyond the
+        minibatch fluctuations of the estimate (at most about 4 |typical| over 14,000 steps of
+        that n = 10 case).
         """
-        if self.typical_logp is None:
-            head = logps[:50]
-            head = head[np.isfinite(head)]
-            if head.size == 0:
-                return np.zeros(logps.shape, dtype=bool)
-            self.typical_logp = float(np.median(head))
-        typical = self.typical_logp
+        typical = self.typical_logp if self.typical_logp is not None else float(logps[0])
+        if not np.isfinite(typical):
+            return np.zeros(logps.shape, dtype=bool)
         return ~(logps >= typical - max(1e4, 10 * abs(typical)))  # non-finite: flagged too
 
     def _truncate_at_divergence(self, buffer: dict, start: np.ndarray, bad_step: int) -> dict:
