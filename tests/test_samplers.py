@@ -151,7 +151,9 @@ def test_same_seed_same_draws_whatever_cores():
         step = SGNHT(step_size=1e-3, friction=5.0)
         kwargs = dict(draws=200, tune=50, step=step, chains=2, random_seed=7, **SAMPLE_KWARGS)
         one = pm.sample(cores=1, **kwargs)
-        two = pm.sample(cores=2, **kwargs)
+        # forkserver: the worker processes do not inherit this process's threads (JAX's, when
+        # the JAX tests ran earlier in it: forking a multithreaded process can deadlock).
+        two = pm.sample(cores=2, mp_ctx="forkserver", **kwargs)
         again = pm.sample(cores=1, **kwargs)  # the same step object, reused: no state leaks
     for other in (two, again):
         np.testing.assert_array_equal(one.posterior["w"].values, other.posterior["w"].values)
