@@ -72,9 +72,10 @@ def w2_gaussian(draws, mean, cov):
     return float(np.sqrt(max(w2, 0.0))), float(np.trace(c) / np.trace(cov))
 
 
-def run(problem, factory, steps, thin=1, seed=1, model=None):
-    """Sample ``steps`` steps; ``factory`` builds the step inside the model (or is a step
-    built in ``model``)."""
+def run(problem, factory, steps, thin=1, seed=1, model=None, start=None):
+    """Sample ``steps`` steps from ``start`` (default: the exact posterior mean of
+    ``problem``); ``factory`` builds the step inside the model (or is a step built in
+    ``model``). ``problem`` is needed only for what ``model`` and ``start`` do not give."""
     with model or problem.model():
         step = factory() if callable(factory) else factory
         idata = pm.sample(
@@ -83,7 +84,7 @@ def run(problem, factory, steps, thin=1, seed=1, model=None):
             step=step,
             chains=1,
             random_seed=seed,
-            initvals={"w": problem.mean},
+            initvals={"w": problem.mean if start is None else start},
             progressbar=False,
             compute_convergence_checks=False,
         )

@@ -36,7 +36,7 @@ HERE = Path(__file__).parent
 sys.path.insert(0, str(HERE.parent / "tests"))
 sys.path.insert(0, str(HERE.parent / "examples"))
 
-from covariance import w2_gaussian  # noqa: E402
+from covariance import run, w2_gaussian  # noqa: E402
 from mnist_logistic import build_model, load_projected  # noqa: E402
 from models import GaussianRegression  # noqa: E402
 
@@ -51,20 +51,9 @@ ESTIMATES = {"paper": None, "Ledoit-Wolf": "auto"}
 def sample(model, step_factory, steps: int, start: np.ndarray, seed: int = 1, thin: int = 1):
     """``steps`` integrator steps from ``start``, every ``thin``-th stored; returns draws and
     stats."""
-    with model:
-        step = step_factory()
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            idata = pm.sample(
-                draws=steps // thin,
-                tune=0,
-                step=step,
-                chains=1,
-                random_seed=seed,
-                initvals={"w": start},
-                progressbar=False,
-                compute_convergence_checks=False,
-            )
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        idata = run(None, step_factory, steps, thin=thin, seed=seed, model=model, start=start)
     return idata.posterior["w"].values[0], idata.sample_stats
 
 

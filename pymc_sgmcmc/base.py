@@ -11,7 +11,7 @@ step-method contract (``PLATFORM_NOTES.md``):
   state unchanged), so that backends with static shapes (JAX) run short blocks padded;
 * ``astep`` hands out the stored draws of a block one by one (every ``thin``-th step);
 * a non-finite state, a position beyond ``divergence_threshold`` or a collapse of the
-  minibatch log-density far below the best seen flags ``diverging``;
+  minibatch log-density far below the chain's typical value flags ``diverging``;
   the chain restarts from its last sane draw (with
   fresh auxiliary variables) instead of producing garbage, and a warning says which step size to
   try;
