@@ -45,7 +45,13 @@ from pymc_sgmcmc import NOGIN, CCAdL, MCCAdL  # noqa: E402
 CLASSES = {"NOGIN": NOGIN, "mCCAdL": MCCAdL, "CCAdL": CCAdL}
 PASSES = 200
 MNIST_PASSES = 10_000
-ESTIMATES = {"paper": None, "Ledoit-Wolf": "auto"}
+#: Sigma estimate -> the samplers' (noise_shrinkage, noise_shrinkage_target, averaging).
+ESTIMATES = {
+    "paper": (None, "identity", None),
+    "Ledoit-Wolf": ("auto", "identity", None),
+    "diagonal target": ("auto", "diagonal", None),
+    "average 0.1": (None, "identity", 0.1),
+}
 
 
 def sample(model, step_factory, steps: int, start: np.ndarray, seed: int = 1, thin: int = 1):
@@ -64,7 +70,9 @@ def cell(
         return CLASSES[name](
             step_size=h,
             friction=a,
-            noise_shrinkage=ESTIMATES[estimate],
+            noise_shrinkage=ESTIMATES[estimate][0],
+            noise_shrinkage_target=ESTIMATES[estimate][1],
+            averaging=ESTIMATES[estimate][2],
             adapt_preconditioner=False,
             thin=thin,
             **kwargs,

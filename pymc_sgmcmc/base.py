@@ -40,7 +40,14 @@ from rich.progress import TextColumn
 from rich.table import Column
 
 from pymc_sgmcmc.adaptation import WindowVariance, adaptation_boundaries
-from pymc_sgmcmc.model_layer import ScaledTarget, SGModel
+from pymc_sgmcmc.model_layer import (
+    SHRINKAGE_TARGETS,
+    DenseCovariance,
+    DiagonalCovariance,
+    ScaledTarget,
+    SGModel,
+    moving_average,
+)
 
 __all__ = ["SGMCMC", "SGMCMCState", "Step", "Thermostatted", "positive"]
 
@@ -198,13 +205,20 @@ class SGMCMC(ArrayStepShared):
     #: The covariance-controlled samplers' noise-estimate option (see
     #: :meth:`_set_noise_shrinkage`); None everywhere else.
     noise_shrinkage: float | str | None = None
+    noise_shrinkage_target: str = "identity"
     #: The stat of the samplers with that option: the intensity is fixed per block, so it is
     #: recorded from Python rather than emitted by every step of the compiled block.
     noise_estimate_stats: ClassVar[dict] = {"noise_shrinkage": (np.float64, [])}
 
-    def _set_noise_shrinkage(self, value: float | str | None) -> None:
-        """None: the papers' estimate; "auto": Ledoit-Wolf intensity chosen during tuning;
-        a number in [0, 1]: that fixed intensity."""
+    def _set_noise_shrinkage(self, value: float | str | None, target: str = "identity") -> None:
+        """None: the papers' estimate; "auto": the intensity that minimises the expected
+        Frobenius error, chosen during tuning; a number in [0, 1]: that fixed intensity.
+        ``target``: "identity" (a multiple of I) or "diagonal" (the estimate's diagonal)."""
+        if target not in SHRINKAGE_TARGETS:
+            raise ValueError(
+                f"noise_shrinkage_target must be one of {SHRINKAGE_TARGETS}, got {target!r}"
+            )
+        self.noise_shrinkage_target = target
         if value is not None and value != "auto":
             if isinstance(value, str) or not 0.0 <= float(value) <= 1.0:
                 raise ValueError(
@@ -213,12 +227,49 @@ class SGMCMC(ArrayStepShared):
             value = float(value)
         self.noise_shrinkage = value
 
+    #: Weight of the newest minibatch estimate in a moving average of Sigma (see
+    #: :meth:`averaged_noise`); None: each step uses its own minibatch's estimate.
+    averaging: float | None = None
+
+    def _set_averaging(self, value: float | None) -> None:
+        if value is not None and not 0.0 < value <= 1.0:
+            raise ValueError(f"averaging must be None or lie in (0, 1], got {value}")
+        self.averaging = value
+
+    def noise_average_state(self, form: str) -> dict[str, np.ndarray]:
+        """The moving average's carried state at a chain (re)start (empty without one): a
+        count and the D x D ("full") or length-D ("diag") average, restarted with the chain."""
+        if self.averaging is None:
+            return {}
+        shape = (self.dim, self.dim) if form == "full" else (self.dim,)
+        return {"noise_count": np.array(0.0), "noise_average": np.zeros(shape)}
+
+    def averaged_noise(self, state: dict, sigma, form: str) -> tuple[Any, dict]:
+        """The covariance a step uses with ``averaging`` set: the moving average
+        (:func:`~pymc_sgmcmc.model_layer.moving_average`, kappa_t = max(1/t, averaging)) of
+        the minibatch estimates of the steps so far, in the ``form`` "full" or "diag", and
+        the state to carry. Averaging over about 2 / kappa minibatches removes most of the
+        estimate's sampling spread while keeping its shape, which Ledoit-Wolf shrinkage
+        does not (``benchmarks/noise_estimator_results_*.md``); the position moves little
+        over that window. Without ``averaging``: ``sigma`` itself and no state."""
+        if self.averaging is None:
+            return sigma, {}
+        count = state["noise_count"] + 1.0
+        estimate = sigma.dense() if form == "full" else sigma.diagonal()
+        average = moving_average(state["noise_average"], count, estimate, self.averaging)
+        covariance = (
+            DenseCovariance(average, self.dim)
+            if form == "full"
+            else DiagonalCovariance(average, self.dim)
+        )
+        return covariance, {"noise_count": count, "noise_average": average}
+
     def noise_estimate(self, sigma):
         """The covariance the integrator uses: the minibatch estimate ``sigma``, shrunk
-        towards a multiple of the identity when ``noise_shrinkage`` is set."""
+        towards ``noise_shrinkage_target`` when ``noise_shrinkage`` is set."""
         if self.noise_shrinkage is None:
             return sigma
-        return sigma.shrunk(self.target.shrinkage)
+        return sigma.shrunk(self.target.shrinkage, self.noise_shrinkage_target)
 
     def _set_step_size(self, step_size: float | None) -> None:
         """``None``: adapt during ``tune``; otherwise the user's fixed step size."""
@@ -586,11 +637,13 @@ class SGMCMC(ArrayStepShared):
         return self.scale, self.shrinkage
 
     def _estimate_shrinkage(self, theta: np.ndarray) -> None:
-        """Ledoit-Wolf intensity for ``noise_shrinkage="auto"``, from minibatch gradients at
+        """The intensity for ``noise_shrinkage="auto"``, from minibatch gradients at
         the last tuning draws (or at ``theta`` at a chain start), in the current coordinates:
         re-estimated after every adaptation window and at the end of tuning, then fixed."""
         points = self.recent or [theta]
-        self.shrinkage = self.sg_model.shrinkage_intensity(points, self.scale, self.rng)
+        self.shrinkage = self.sg_model.shrinkage_intensity(
+            points, self.scale, self.rng, target=self.noise_shrinkage_target
+        )
         self.shrinkage_due = False
 
     def _set_kernel(self, step_size: float) -> None:

@@ -521,15 +521,17 @@ class SGModel:
         scale: np.ndarray,
         rng: np.random.Generator,
         batches: int = 2,
+        target: str = "identity",
     ) -> float:
-        """Ledoit & Wolf's intensity for the minibatch estimate of S Sigma S, pooled over
-        ``batches`` minibatches at each of ``points``: the ratio of the averaged statistics of
-        :func:`ledoit_wolf_statistics`, clipped to [0, 1]. 0 without ``pm.Minibatch``."""
+        """The shrinkage intensity towards ``target`` for the minibatch estimate of
+        S Sigma S, pooled over ``batches`` minibatches at each of ``points``: the ratio of the
+        averaged statistics of :func:`ledoit_wolf_statistics`, clipped to [0, 1]. 0 without
+        ``pm.Minibatch``."""
         _, rows_fn = self._geometry_functions
         if rows_fn is None:
             return 0.0
         stats = [
-            ledoit_wolf_statistics(rows_fn(theta, *ix) * scale)
+            ledoit_wolf_statistics(rows_fn(theta, *ix) * scale, target)
             for theta in points
             for ix in self._batch_indices(rng, batches)
         ]
@@ -625,6 +627,9 @@ class SGModel:
             )
 
 
+#: The targets a noise-covariance estimate can be shrunk towards (:class:`ShrunkCovariance`).
+SHRINKAGE_TARGETS = ("identity", "diagonal")
+
 TAYLOR_THETA = {
     # Al-Mohy & Higham (2011), Table 3.1: the largest ||A|| / s for which the degree-m Taylor
     # polynomial of exp (m = 1..30) meets the backward-error tolerance u, i.e.
@@ -674,12 +679,14 @@ class Covariance:
         """S Sigma S with S = diag(scale): the covariance in the coordinates theta / scale."""
         raise NotImplementedError
 
-    def shrunk(self, intensity: Variable) -> ShrunkCovariance:
-        """(1 - rho) Sigma + rho (tr Sigma / D) I: shrinkage towards the scaled identity."""
-        return ShrunkCovariance(self, intensity)
+    def shrunk(self, intensity: Variable, target: str = "identity") -> ShrunkCovariance:
+        """(1 - rho) Sigma + rho T: shrinkage towards T = (tr Sigma / D) I ("identity") or
+        T = diag(Sigma) ("diagonal")."""
+        return ShrunkCovariance(self, intensity, target)
 
     def solve_shifted(self, alpha, b, v: Variable) -> Variable:
-        """(alpha I + b Sigma)^{-1} v for alpha > 0, b >= 0 (NOGIN's damping solve)."""
+        """(alpha I + b Sigma)^{-1} v for alpha > 0, b >= 0 (NOGIN's damping solve); alpha
+        may also be a vector of D positive entries, for diag(alpha) + b Sigma."""
         return pt.linalg.solve(
             alpha * pt.eye(self.dim) + b * self.dense(), v, assume_a="pos", check_finite=False
         )
@@ -962,15 +969,19 @@ class NoiseCovariance(Covariance):
 
     def solve_shifted(self, alpha, b, v: Variable) -> Variable:
         """(alpha I + b Sigma)^{-1} v: a D x D solve when D <= n, else Woodbury through the
-        n x n system (alpha/(b c) I + Gc Gc^T), Sigma = c Gc^T Gc."""
+        n x n system. With Sigma = c Gc^T Gc and a diagonal A = diag(alpha) (alpha a scalar
+        or a vector), W = Gc A^{-1/2}: (A + b c Gc^T Gc)^{-1} v
+        = A^{-1/2} (u - W^T (I / (b c) + W W^T)^{-1} W u), u = A^{-1/2} v."""
         if self.is_zero:
             return v / alpha
         if self.dim <= self.n_rows:
             return super().solve_shifted(alpha, b, v)
-        centred = self.centred
-        small = alpha / (b * self.scale) * pt.eye(self.n_rows) + centred @ centred.T
-        inner = pt.linalg.solve(small, centred @ v, assume_a="pos", check_finite=False)
-        return (v - centred.T @ inner) / alpha
+        root = pt.sqrt(alpha)
+        w = self.centred / root
+        u = v / root
+        small = pt.eye(self.n_rows) / (b * self.scale) + w @ w.T
+        inner = pt.linalg.solve(small, w @ u, assume_a="pos", check_finite=False)
+        return (u - w.T @ inner) / root
 
     def sqrt_shifted_matvec(self, a, b, v: Variable) -> tuple[Variable, Variable]:
         """(a I - b Sigma)^{1/2} v, and the smallest eigenvalue of a I - b Sigma.
@@ -1001,25 +1012,35 @@ class NoiseCovariance(Covariance):
 
 
 class ShrunkCovariance(Covariance):
-    r"""The estimate shrunk towards a multiple of the identity with the same trace,
-    :math:`(1 - \rho)\hat\Sigma + \rho\,\mu I`, :math:`\mu = \operatorname{tr}\hat\Sigma / D`.
+    r"""The estimate shrunk towards a structured target, :math:`(1 - \rho)\hat\Sigma + \rho T`:
+    ``target="identity"``, :math:`T = \mu I` with :math:`\mu = \operatorname{tr}\hat\Sigma / D`
+    (Ledoit & Wolf 2004), or ``target="diagonal"``, :math:`T = \operatorname{diag}\hat\Sigma`
+    (Schäfer & Strimmer 2005, their target D: only the correlations are shrunk).
 
     The sample covariance of n per-observation gradients spreads its eigenvalues (at D/n = 0.2
     the Marchenko-Pastur law puts them between 0.3 and 2.1 times their mean for an isotropic
     truth). The covariance-controlled integrators subtract that estimate from the gradient
     noise actually present; directions where it falls short are under-damped and heat up, the
     variance inflation that grows with the step size (issue text: NOGIN's variance ratio 1.47 at
-    h = 5e-3 with the raw estimate, 0.98 with the exact covariance). Ledoit & Wolf
-    (2004) choose rho to minimise the expected Frobenius error from the same n rows
+    h = 5e-3 with the raw estimate, 0.98 with the exact covariance). The intensity that
+    minimises the expected Frobenius error is estimated from the same n rows
     (:func:`ledoit_wolf_statistics`). Every operation reduces to one of the base estimate with
-    shifted coefficients, so the low-rank, Woodbury and Taylor paths are kept and cost the same.
+    shifted coefficients (a scalar shift for the identity target, a diagonal one for the
+    diagonal target), so the low-rank, Woodbury and Taylor paths are kept and cost the same.
     """
 
-    def __init__(self, base: Covariance, intensity: Variable):
+    def __init__(self, base: Covariance, intensity: Variable, target: str = "identity"):
+        if target not in SHRINKAGE_TARGETS:
+            raise ValueError(f"shrinkage target must be one of {SHRINKAGE_TARGETS}, got {target!r}")
         self.base = base
         self.dim = base.dim
+        self.target = target
         self.intensity = pt.as_tensor(intensity)
-        self.level = self.intensity * base.trace() / base.dim  # rho mu
+        # rho T as a scalar multiple of I or as the diagonal of a diagonal matrix.
+        if target == "identity":
+            self.level = self.intensity * base.trace() / base.dim
+        else:
+            self.level = self.intensity * base.diagonal()
 
     def matvec(self, v):
         return (1.0 - self.intensity) * self.base.matvec(v) + self.level * v
@@ -1031,41 +1052,69 @@ class ShrunkCovariance(Covariance):
         return (1.0 - self.intensity) * self.base.diagonal() + self.level
 
     def dense(self):
-        return (1.0 - self.intensity) * self.base.dense() + self.level * pt.eye(self.dim)
+        level = self.level * pt.eye(self.dim) if self.target == "identity" else pt.diag(self.level)
+        return (1.0 - self.intensity) * self.base.dense() + level
 
     def solve_shifted(self, alpha, b, v):
-        # alpha I + b ((1 - rho) S + rho mu I) = (alpha + b rho mu) I + b (1 - rho) S.
+        # alpha I + b ((1 - rho) S + rho T) = (alpha + b rho T) + b (1 - rho) S, with the
+        # first term a multiple of I or a diagonal matrix.
         return self.base.solve_shifted(alpha + b * self.level, b * (1.0 - self.intensity), v)
 
     def eigenvalue_floor(self):
-        # The shrunk estimate's eigenvalues are at least rho mu: the shifted matrix of the
-        # Taylor product (expm_matvec) has (1 - rho) times the base estimate's spread.
-        return self.level + (1.0 - self.intensity) * self.base.eigenvalue_floor()
+        # Weyl: the shrunk estimate's eigenvalues are at least min(rho T) plus (1 - rho) times
+        # the base estimate's floor, which narrows the Taylor product's (expm_matvec) spread.
+        return pt.min(self.level) + (1.0 - self.intensity) * self.base.eigenvalue_floor()
 
     def sqrt_shifted_matvec(self, a, b, v):
+        if self.target != "identity":
+            raise NotImplementedError("(a I - b Sigma)^(1/2) with a diagonal shrinkage target")
         return self.base.sqrt_shifted_matvec(a - b * self.level, b * (1.0 - self.intensity), v)
 
 
-def ledoit_wolf_statistics(rows: np.ndarray) -> tuple[float, float]:
-    r"""Ledoit & Wolf's (2004, Lemma 3.3 and Theorem 3.4) shrinkage statistics of n rows.
+def moving_average(previous, count, estimate, weight: float | None):
+    """The running estimate after the ``count``-th one (count >= 1): weight kappa_t = 1/t on the
+    newest, an equal-weight mean of all so far (CCAdL's kappa_t, ``weight=None``), or
+    max(1/t, weight): the mean of the first 1/weight estimates, then an exponential moving
+    average with that weight (a window of about 2/weight - 1 estimates)."""
+    kappa = 1.0 / count if weight is None else pt.maximum(1.0 / count, weight)
+    return (1.0 - kappa) * previous + kappa * estimate
 
-    With the centred rows :math:`x_i`, :math:`S = \tfrac1n\sum_i x_i x_i^\top` and
-    :math:`\mu = \operatorname{tr} S / D`, returns
-    :math:`\bar\beta^2 = \tfrac{1}{n^2}\sum_i \|x_i x_i^\top - S\|_F^2
-    = \tfrac{1}{n^2}(\sum_i \|x_i\|^4 - n \|S\|_F^2)` (the estimation error of S) and
-    :math:`\delta^2 = \|S - \mu I\|_F^2` (its distance from the target); the optimal
-    intensity is :math:`\min(\bar\beta^2, \delta^2) / \delta^2`. :math:`\|S\|_F^2` comes
-    from the smaller of the n x n and D x D Gram matrices. Both are invariant to a common
-    scale of the rows, as the intensity must be.
+
+def ledoit_wolf_statistics(rows: np.ndarray, target: str = "identity") -> tuple[float, float]:
+    r"""The shrinkage statistics of n rows for a target T: the estimation error of their
+    covariance and its distance from T, whose ratio (clipped to [0, 1]) is the intensity that
+    minimises the expected Frobenius error.
+
+    With the centred rows :math:`x_i`, :math:`S = \tfrac1n\sum_i x_i x_i^\top`:
+
+    * ``"identity"``, :math:`T = \mu I`, :math:`\mu = \operatorname{tr} S / D` (Ledoit & Wolf
+      2004, Lemma 3.3 and Theorem 3.4): :math:`\bar\beta^2 = \tfrac{1}{n^2}\sum_i
+      \|x_i x_i^\top - S\|_F^2 = \tfrac{1}{n^2}(\sum_i \|x_i\|^4 - n \|S\|_F^2)` and
+      :math:`\delta^2 = \|S - \mu I\|_F^2`;
+    * ``"diagonal"``, :math:`T = \operatorname{diag} S` (Schäfer & Strimmer 2005, target D,
+      in the same 1/n normalisation): both sums over the off-diagonal entries only,
+      :math:`\bar\beta^2 = \tfrac{1}{n^2}(\sum_i (\|x_i\|^4 - \sum_j x_{ij}^4)
+      - n(\|S\|_F^2 - \sum_j S_{jj}^2))` and :math:`\delta^2 = \|S\|_F^2 - \sum_j S_{jj}^2`.
+
+    :math:`\|S\|_F^2` comes from the smaller of the n x n and D x D Gram matrices. Both are
+    invariant to a common scale of the rows, as the intensity must be.
     """
+    if target not in SHRINKAGE_TARGETS:
+        raise ValueError(f"shrinkage target must be one of {SHRINKAGE_TARGETS}, got {target!r}")
     centred = rows - rows.mean(axis=0)
     n, dim = centred.shape
     gram = centred @ centred.T if n <= dim else centred.T @ centred
     frobenius2 = float(np.sum(gram**2)) / n**2  # ||S||_F^2
     norms2 = np.sum(centred**2, axis=1)
-    mu = float(np.sum(norms2)) / (n * dim)
-    beta2 = (float(np.sum(norms2**2)) - n * frobenius2) / n**2
-    delta2 = frobenius2 - dim * mu**2
+    if target == "identity":
+        mu = float(np.sum(norms2)) / (n * dim)
+        beta2 = (float(np.sum(norms2**2)) - n * frobenius2) / n**2
+        delta2 = frobenius2 - dim * mu**2
+    else:
+        diagonal2 = float(np.sum((np.sum(centred**2, axis=0) / n) ** 2))  # sum_j S_jj^2
+        fourth = float(np.sum(norms2**2) - np.sum(centred**4))
+        beta2 = (fourth - n * (frobenius2 - diagonal2)) / n**2
+        delta2 = frobenius2 - diagonal2
     return max(beta2, 0.0), max(delta2, 0.0)
 
 

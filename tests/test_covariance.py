@@ -145,6 +145,67 @@ def test_ledoit_wolf_statistics_match_their_definition(n_rows, dim):
     # Invariant to a common scale of the rows, as the intensity beta^2 / delta^2 must be.
     scaled = ledoit_wolf_statistics(1e4 * rows)
     np.testing.assert_allclose(scaled[0] / scaled[1], beta2 / delta2, rtol=1e-10)
+    # Diagonal target (Schafer & Strimmer 2005, target D): the same sums over the off-diagonal
+    # entries only, the diagonal being the target's own.
+    off = ~np.eye(dim, dtype=bool)
+    beta2_off = sum(np.sum(((np.outer(xi, xi) - s) ** 2)[off]) for xi in x) / n_rows**2
+    delta2_off = np.sum(s[off] ** 2)
+    np.testing.assert_allclose(
+        ledoit_wolf_statistics(rows, "diagonal"), (beta2_off, delta2_off), rtol=1e-10
+    )
+
+
+@pytest.mark.parametrize("n_rows, dim", [(40, 6), (6, 40)])
+def test_diagonally_shrunk_covariance_operations_match_dense(n_rows, dim):
+    # (1 - rho) Sigma + rho diag(Sigma) through every operation NOGIN and mCCAdL use, on the
+    # low-rank form: D x D solve when D <= n, Woodbury with a diagonal shift when n < D.
+    rng = np.random.default_rng(5)
+    G, v, rho, t = pt.matrix("G"), pt.vector("v"), pt.scalar("rho"), pt.scalar("t")
+    shrunk = NoiseCovariance(G, dim, n_rows).shrunk(rho, "diagonal")
+    a, b = 1.3, 0.02
+    expm, _, _ = shrunk.expm_matvec(t, v, "double")
+    outputs = [
+        shrunk.matvec(v),
+        shrunk.dense(),
+        shrunk.diagonal(),
+        shrunk.trace(),
+        shrunk.solve_shifted(a, b, v),
+        shrunk.solve_shifted_cg(a, b, v, 60),
+        expm,
+        shrunk.eigenvalue_floor(),
+    ]
+    fn = pytensor.function([G, v, rho, t], outputs)
+    # Columns of very different scales: the diagonal target keeps them, the identity would not.
+    g = rng.standard_normal((n_rows, dim)) * np.geomspace(0.1, 3.0, dim)
+    vec = rng.standard_normal(dim)
+    sigma = sample_covariance(g)
+    for intensity in (0.0, 0.3, 1.0):
+        dense = (1 - intensity) * sigma + intensity * np.diag(np.diag(sigma))
+        t_val = -2.0 / np.linalg.eigvalsh(dense).max()
+        mv, full, diag, tr, solved, cg, ex, floor = fn(g, vec, intensity, t_val)
+        np.testing.assert_allclose(mv, dense @ vec, rtol=1e-10)
+        np.testing.assert_allclose(full, dense, rtol=1e-10, atol=1e-12)
+        np.testing.assert_allclose(diag, np.diag(sigma), rtol=1e-10)
+        np.testing.assert_allclose(tr, np.trace(sigma), rtol=1e-10)
+        shifted = a * np.eye(dim) + b * dense
+        np.testing.assert_allclose(solved, np.linalg.solve(shifted, vec), rtol=1e-9)
+        np.testing.assert_allclose(cg, np.linalg.solve(shifted, vec), rtol=1e-8)
+        np.testing.assert_allclose(ex, scipy.linalg.expm(t_val * dense) @ vec, rtol=1e-11)
+        assert np.linalg.eigvalsh(dense).min() >= floor - 1e-9
+
+
+def test_woodbury_solve_takes_a_diagonal_shift():
+    # (diag(alpha) + b Sigma)^{-1} v through the n x n system (n < D), against a dense solve.
+    rng = np.random.default_rng(6)
+    n_rows, dim = 7, 30
+    G, v, alpha = pt.matrix("G"), pt.vector("v"), pt.vector("alpha")
+    fn = pytensor.function(
+        [G, v, alpha], NoiseCovariance(G, dim, n_rows).solve_shifted(alpha, 0.1, v)
+    )
+    g, vec = rng.standard_normal((n_rows, dim)), rng.standard_normal(dim)
+    alphas = rng.uniform(0.5, 5.0, dim)
+    expected = np.linalg.solve(np.diag(alphas) + 0.1 * sample_covariance(g), vec)
+    np.testing.assert_allclose(fn(g, vec, alphas), expected, rtol=1e-10)
 
 
 @pytest.mark.parametrize("n_rows, dim", [(40, 6), (6, 40)])

@@ -58,7 +58,8 @@ def assert_same_chain(default, jax, stats=("minibatch_logp", "step_size", "diver
 
 # Options that reach the code JAX needs changed: NOGIN's CG (a loop with a stopping rule) and
 # mCCAdL's Taylor product (a loop of data-dependent length), the eigen-decompositions of
-# mSGLD and SGHMC's B-hat, CCAdL's moving average.
+# mSGLD and SGHMC's B-hat, CCAdL's moving average; the noise-estimate options' carried
+# average (NOGIN) and diagonal shrinkage (mCCAdL's Taylor product with a shifted floor).
 SAMPLERS = {
     "SGLD": lambda **kw: SGLD(step_size=0.01, **kw),
     "MSGLD": lambda **kw: MSGLD(step_size=0.01, **kw),
@@ -67,6 +68,10 @@ SAMPLERS = {
     "CCAdL": lambda **kw: CCAdL(step_size=0.01, **kw),
     "MCCAdL": lambda **kw: MCCAdL(step_size=0.01, **kw),
     "NOGIN": lambda **kw: NOGIN(step_size=0.01, solver="cg", **kw),
+    "NOGIN-averaging": lambda **kw: NOGIN(step_size=0.01, averaging=0.2, **kw),
+    "MCCAdL-shrinkage": lambda **kw: MCCAdL(
+        step_size=0.01, noise_shrinkage=0.3, noise_shrinkage_target="diagonal", **kw
+    ),
 }
 
 

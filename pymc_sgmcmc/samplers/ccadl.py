@@ -8,6 +8,7 @@ import numpy as np
 import pytensor.tensor as pt
 
 from pymc_sgmcmc.base import SGMCMC, Thermostatted, positive
+from pymc_sgmcmc.model_layer import moving_average
 from pymc_sgmcmc.operators import drift, kinetic_temperature, thermostat
 
 __all__ = ["CCAdL"]
@@ -51,7 +52,9 @@ class CCAdL(Thermostatted):
     averaging : float, optional
         Weight :math:`\kappa` of the newest estimate. Default: :math:`\kappa_t = 1/t` (the
         paper; t counts steps from the chain's (re)start, so the average restarts at the end of
-        tuning). A fixed :math:`\kappa \in (0, 1]` gives an exponential moving average.
+        tuning). A fixed :math:`\kappa \in (0, 1]`: :math:`\kappa_t = \max(1/t, \kappa)`, the
+        mean of the first :math:`1/\kappa` estimates, then an exponential moving average over
+        about :math:`2/\kappa` minibatches (the same option as MCCAdL's and NOGIN's).
     noise_shrinkage : {None, "auto"} or float, default None
         None uses the paper's estimate of :math:`\Sigma` from each minibatch. Otherwise that
         estimate (before the moving average) is shrunk towards the multiple of the identity
@@ -63,6 +66,12 @@ class CCAdL(Thermostatted):
         given number in [0, 1]. It removes most of the variance inflation at large step
         sizes that comes from the sample covariance's eigenvalue spread (see
         ``benchmarks/noise_estimator_results_*.md``), at no extra cost per step.
+    noise_shrinkage_target : {"identity", "diagonal"}, default "identity"
+        What ``noise_shrinkage`` shrinks towards: the multiple of the identity with the same
+        trace (Ledoit & Wolf 2004), or the estimate's own diagonal,
+        :math:`(1-\rho)\hat\Sigma + \rho \operatorname{diag}\hat\Sigma` (Schäfer & Strimmer 2005:
+        only the correlations are shrunk, so per-coordinate noise levels are kept; "auto"
+        then estimates :math:`\rho` from the off-diagonal entries). Same cost per step.
     **kwargs
         ``thin``, ``block_steps``, ``mode``, ``compile_kwargs``, ``model``,
         ``divergence_threshold``: see :class:`pymc_sgmcmc.base.SGMCMC`.
@@ -122,16 +131,15 @@ class CCAdL(Thermostatted):
         covariance: Literal["full", "diag"] | None = None,
         averaging: float | None = None,
         noise_shrinkage: float | Literal["auto"] | None = None,
+        noise_shrinkage_target: Literal["identity", "diagonal"] = "identity",
         **kwargs,
     ):
         self._set_step_size(step_size)
-        self._set_noise_shrinkage(noise_shrinkage)
+        self._set_noise_shrinkage(noise_shrinkage, noise_shrinkage_target)
         self.friction = positive("friction", friction)
         if covariance not in (None, "full", "diag"):
             raise ValueError(f"covariance must be 'full' or 'diag', got {covariance!r}")
-        if averaging is not None and not 0 < averaging <= 1:
-            raise ValueError(f"averaging must lie in (0, 1], got {averaging}")
-        self.averaging = averaging
+        self._set_averaging(averaging)
         super().__init__(vars, **kwargs)
         if covariance is None:
             covariance = "full" if self.dim <= FULL_COVARIANCE_MAX_DIM else "diag"
@@ -169,8 +177,7 @@ class CCAdL(Thermostatted):
         theta = drift(state["theta"], p_new, h)
         evaluated = self.evaluate(theta, indices, noise, h)
         count = state["count"] + 1.0
-        kappa = 1.0 / count if self.averaging is None else self.averaging
-        average = (1.0 - kappa) * state["sigma_average"] + kappa * evaluated["sigma"]
+        average = moving_average(state["sigma_average"], count, evaluated["sigma"], self.averaging)
         new = {
             "theta": theta,
             "momentum": p_new,
