@@ -56,21 +56,29 @@ SAMPLERS = ["SGLD", "SGHMC", "SGNHT", "CCAdL", "mCCAdL", "NOGIN"]
 
 @dataclass(frozen=True)
 class Setting:
-    """One data set's experiment: its folder in ``../shared/data``, hidden units, step size h
-    and friction A (SGLD runs with epsilon = h^2)."""
+    """One data set's experiment: its folder in ``../shared/data``, hidden units, step size h,
+    friction A (SGLD runs with epsilon = h^2 and has no A: it runs in the A = 1 settings only)
+    and passes over the training data per run (NOGIN: half, see :func:`settings`)."""
 
     dataset: str
     hidden: int
     h: float
     friction: float
+    passes: int
 
 
 #: letter: h = 2e-2, A = 1, the smallest step size of the mCCAdL paper's Figure 4 / Table 3;
 #: with the largest curvature lambda_max ~ 1.1e4 of this model at the start, h * sqrt(lambda_max)
 #: ~ 2 (the edge of the Euler schemes' stability). connect-4: the CCAdL paper gives its step
 #: sizes only in Figure 3; h = 3e-3 puts h * sqrt(lambda_max) at ~ 1 (lambda_max ~ 1.1e5 at the
-#: start; at h = 1e-3 one pass did not yet leave the majority-class answer).
-SETTINGS = [Setting("letter", 100, 2e-2, 1.0), Setting("connect4", 20, 3e-3, 1.0)]
+#: start; at h = 1e-3 one pass did not yet leave the majority-class answer). Letter at both of
+#: the paper's frictions and 100 passes (at 20 every curve was still falling steeply);
+#: connect-4 at A = 1 and 20 passes.
+SETTINGS = [
+    Setting("letter", 100, 2e-2, 1.0, 100),
+    Setting("letter", 100, 2e-2, 10.0, 100),
+    Setting("connect4", 20, 3e-3, 1.0, 20),
+]
 #: mCCAdL paper, Table 3, letter, h = 2e-2: posterior expected log loss (A = 1, A = 10).
 PAPER_LOG_LOSS = {
     ("letter", 1.0): {"SGHMC": 1.5244, "SGNHT": 0.4269, "CCAdL": np.nan, "mCCAdL": 0.4320},
@@ -191,7 +199,8 @@ def evaluate(draws: dict[str, np.ndarray], X: np.ndarray, y: np.ndarray, checkpo
 def run_cell(setting: Setting, model, data, init, sampler: str, budget, seed: int):
     """One (data set, sampler) run: its table row and its test-error curve against passes."""
     n_obs, thin = len(data["y"]), budget["thin"][setting.dataset]
-    n_passes = budget["passes_by_sampler"].get(sampler, budget["passes"])
+    n_passes = budget["passes"] or setting.passes
+    n_passes = max(1, round(n_passes * budget["passes_factor"].get(sampler, 1.0)))
     n_draws = round(n_passes * n_obs / BATCH) // thin
     make_step = step_factory(sampler, setting.h, setting.friction, thin)
     run = sample(model, make_step, draws=n_draws, tune=0, seed=seed, initvals=init)
@@ -219,22 +228,22 @@ def run_cell(setting: Setting, model, data, init, sampler: str, budget, seed: in
 
 
 def settings(quick: bool) -> dict[str, Any]:
-    """Budgets. Full: 20 passes per run (210 steps on letter, 1,081 on connect-4), every
-    sampler but NOGIN, which gets 10 (its conjugate-gradient O step costs about ten times a
-    step of the others). Quick: 1 pass on letter, SGNHT and CCAdL (the CI check that a
+    """Budgets. Full: each setting's passes (letter 100 = 1,050 steps, connect-4 20 = 1,081
+    steps), NOGIN half of them (its conjugate-gradient O step costs about ten times a step of
+    the others). Quick: 1 pass on letter at A = 1, SGNHT and CCAdL (the CI check that a
     Categorical DRBM samples, per-observation gradients included; CCAdL's explicit damping
     diverges on connect-4 at h = 3e-3, see examples/README.md)."""
     if quick:
         return {
             "passes": 1,
-            "passes_by_sampler": {},
+            "passes_factor": {},
             "thin": {"letter": 1},
             "samplers": ["SGNHT", "CCAdL"],
             "settings": SETTINGS[:1],
         }
     return {
-        "passes": 20,
-        "passes_by_sampler": {"NOGIN": 10},
+        "passes": None,  # each setting's own
+        "passes_factor": {"NOGIN": 0.5},
         "thin": {"letter": 2, "connect4": 10},
         "samplers": SAMPLERS,
         "settings": SETTINGS,
@@ -248,22 +257,24 @@ def plot_curves(folder: Path) -> Path:
     draw, not samples)."""
     table = _read_csv(folder / "test_error.csv")
     curves = _read_csv(folder / "test_error_curves.csv")
-    diverged = {(r["dataset"], r["sampler"]) for r in table if int(r["divergences"]) > 0}
-    datasets = list(dict.fromkeys(r["dataset"] for r in table))
-    fig, axes = plt.subplots(1, len(datasets), figsize=(5.5 * len(datasets), 4), squeeze=False)
+    diverged = {
+        (r["dataset"], _friction(r), r["sampler"]) for r in table if int(r["divergences"]) > 0
+    }
+    panels = [s for s in SETTINGS if any(_same_setting(r, s) for r in table)]
+    fig, axes = plt.subplots(1, len(panels), figsize=(5.5 * len(panels), 4), squeeze=False)
     colours = dict(zip(SAMPLERS, plt.rcParams["axes.prop_cycle"].by_key()["color"], strict=False))
-    for ax, dataset in zip(axes[0], datasets, strict=True):
-        setting = next(s for s in SETTINGS if s.dataset == dataset)
-        for sampler in dict.fromkeys(r["sampler"] for r in table if r["dataset"] == dataset):
-            points = [r for r in curves if (r["dataset"], r["sampler"]) == (dataset, sampler)]
+    for ax, setting in zip(axes[0], panels, strict=True):
+        key = (setting.dataset, setting.friction)
+        for sampler in dict.fromkeys(r["sampler"] for r in table if _same_setting(r, setting)):
+            points = [r for r in curves if _same_setting(r, setting) and r["sampler"] == sampler]
             x = [float(r["passes"]) for r in points]
             errors = [float(r["test_error"]) for r in points]
-            bad = (dataset, sampler) in diverged
+            bad = (*key, sampler) in diverged
             label = f"{sampler} (diverged)" if bad else sampler
             style = ":" if bad else "-"
             ax.semilogx(x, errors, style, color=colours[sampler], label=label)
         ax.set_title(
-            f"{dataset}, H = {setting.hidden}, h = {setting.h:g}, A = {setting.friction:g}"
+            f"{setting.dataset}, H = {setting.hidden}, h = {setting.h:g}, A = {setting.friction:g}"
         )
         ax.set_xlabel("passes over the training data")
         ax.set_ylabel("test error of the predictive mean")
@@ -273,6 +284,16 @@ def plot_curves(folder: Path) -> Path:
     return save_figure(fig, folder / "test_error.png")
 
 
+def _friction(row: dict[str, str]) -> float:
+    """A CSV row's friction; SGLD's (nan: it has none) is drawn in the A = 1 panel."""
+    return float(row["A"]) if row["A"] not in ("", "nan") else 1.0
+
+
+def _same_setting(row: dict[str, str], setting: Setting) -> bool:
+    """Whether a CSV row (table or curve) belongs to ``setting``."""
+    return row["dataset"] == setting.dataset and _friction(row) == setting.friction
+
+
 def _read_csv(path: Path) -> list[dict[str, str]]:
     with path.open() as f:
         return list(csv.DictReader(f))
@@ -280,9 +301,9 @@ def _read_csv(path: Path) -> list[dict[str, str]]:
 
 def write_results(rows: list[dict], curve_rows: list[dict], budget: dict, folder: Path) -> None:
     """Write ``test_error.md``/``.csv`` and ``test_error_curves.csv`` from the runs so far."""
-    fewer = ", ".join(f"{k}: {v}" for k, v in budget["passes_by_sampler"].items())
+    fewer = ", ".join(f"{k}: x{v:g}" for k, v in budget["passes_factor"].items())
     notes = (
-        f"{budget['passes']} passes per run" + (f" ({fewer})" if fewer else "") + ", from the "
+        "passes per run as listed" + (f" ({fewer})" if fewer else "") + ", from the "
         f"same seeded start, n = {BATCH}, one chain, no warm-up adaptation. test_error: of the "
         "predictive mean over the last 80 % of the draws; expected_log_loss: mean over those "
         "draws of each draw's mean test log loss (NaN: the run diverged); paper_log_loss: the "
@@ -306,10 +327,18 @@ def main(quick: bool = False, output_dir: str | Path | None = None) -> list[dict
         classes = int(data["y"].max()) + 1
         init = initial_values(data["X"].shape[1], setting.hidden, classes, seed=2015)
         for k, sampler in enumerate(budget["samplers"]):
+            if sampler == "SGLD" and setting.friction != 1.0:
+                continue  # SGLD has no friction: one run per data set
             row, x, errors = run_cell(setting, model, data, init, sampler, budget, seed=30 + k)
             rows.append(row)
             curve_rows += [
-                {"dataset": setting.dataset, "sampler": sampler, "passes": p, "test_error": e}
+                {
+                    "dataset": setting.dataset,
+                    "A": setting.friction,
+                    "sampler": sampler,
+                    "passes": p,
+                    "test_error": e,
+                }
                 for p, e in zip(x, errors, strict=True)
             ]
             print(", ".join(f"{key}={value}" for key, value in row.items()), flush=True)
