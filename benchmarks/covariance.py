@@ -55,6 +55,7 @@ COST_VARIANTS = [
     ("NOGIN, D x D solve", "NOGIN", {"solver": "direct"}),
     ("NOGIN, CG", "NOGIN", {"solver": "cg"}),
     ("NOGIN, CG, Ledoit-Wolf", "NOGIN", {"solver": "cg", "noise_shrinkage": "auto"}),
+    ("NOGIN, average 0.1 (D x D)", "NOGIN", {"averaging": 0.1}),
 ]
 
 

@@ -50,12 +50,13 @@ class MCCAdL(Thermostatted):
         minibatch. A weight :math:`\kappa \in (0, 1]`: the step uses the moving average of the
         estimates so far with :math:`\kappa_t = \max(1/t, \kappa)` on the newest (t counts
         steps from the chain's (re)start), a window of about :math:`2/\kappa` minibatches.
-        It removes most of the variance inflation at large step sizes that comes from the
-        sample covariance's eigenvalue spread, without changing the estimate's shape, so it
-        also holds on strongly anisotropic noise where ``noise_shrinkage`` does not: at
-        h = 5e-3, :math:`\kappa` = 0.1, NOGIN's variance ratio 1.01 (W2 0.037) on the D = 100
-        regression against 1.49 (0.049) with the paper's estimate, and 1.02 on MNIST 7/9
-        against 0.83 with shrinkage (``benchmarks/noise_estimator_results_*.md``). The
+        It removes the part of the variance inflation at large step sizes that comes from the
+        sample covariance's eigenvalue spread without changing the estimate's shape, so it
+        also holds on strongly anisotropic noise (MNIST 7/9 at h = 5e-3: variance ratio 1.02,
+        1.04 with the paper's estimate). The rest of mCCAdL's inflation is a limit of its
+        splitting, not of the estimate (the D = 100 regression at h = 5e-3: 1.55 with the
+        average or with shrinkage, 1.85 with the paper's estimate; NOGIN there: 1.01;
+        ``benchmarks/noise_estimator_results_*.md``). The
         average is kept in the ``covariance`` form, D x D for "lowrank" and "full" (O(n D^2)
         per step to update, O(D^2) per product: for D up to a few hundred), a vector for
         "diag".

@@ -72,7 +72,7 @@ class NOGIN(SGMCMC):
         also holds on strongly anisotropic noise where ``noise_shrinkage`` does not: at
         h = 5e-3, :math:`\kappa` = 0.1, NOGIN's variance ratio 1.01 (W2 0.037) on the D = 100
         regression against 1.49 (0.049) with the paper's estimate, and 1.02 on MNIST 7/9
-        against 0.83 with shrinkage (``benchmarks/noise_estimator_results_*.md``). The
+        against 0.81-0.83 with shrinkage (``benchmarks/noise_estimator_results_*.md``). The
         average is a D x D matrix: O(n D^2) per step to update and a D x D solve (or O(D^2)
         CG products), for D up to a few hundred.
     noise_shrinkage : {None, "auto"} or float, default None
