@@ -689,8 +689,12 @@ def ratio_table(all_rows: dict[str, list[Result]]) -> list[str]:
 
 
 def busy_note(header: dict, cores: int) -> str:
-    """Flags a run whose load average exceeded the core count: its timings are inflated."""
-    loads = [float(x) for h in ("load_before", "load_after") for x in header[h].split(", ")]
+    """Flags a run whose load average exceeded the core count: its timings are inflated. The
+    averages that cover the run are the 1-minute one before it and all three after it (the 5-
+    and 15-minute ones before it describe what ran earlier)."""
+    before = [float(x) for x in header["load_before"].split(", ")][:1]
+    after = [float(x) for x in header["load_after"].split(", ")]
+    loads = before + after
     if max(loads) <= cores:
         return "- the machine was quiet (load average at most the core count)"
     return (

@@ -273,6 +273,18 @@ def test_divergence_is_flagged_and_never_returned_as_nan():
             r"gamma must lie in \(0.5, 1\]",
         ),
         (lambda: MSGLD(step_size="big"), "step_size must be a positive number"),
+        (lambda: NOGIN(step_size=1e-3, averaging=0.0), r"averaging must be None or lie in"),
+        (lambda: MCCAdL(step_size=1e-3, averaging=1.5), r"averaging must be None or lie in"),
+        (lambda: CCAdL(step_size=1e-3, averaging=-0.1), r"averaging must be None or lie in"),
+        (lambda: NOGIN(step_size=1e-3, noise_shrinkage=2.0), "noise_shrinkage must be None"),
+        (
+            lambda: MCCAdL(step_size=1e-3, noise_shrinkage_target="spherical"),
+            "noise_shrinkage_target must be one of",
+        ),
+        (
+            lambda: NOGIN(step_size=1e-3, noise_covariance="exact", averaging=0.1),
+            "apply to the estimated covariance only",
+        ),
     ],
 )
 def test_bad_parameters_are_rejected(factory, message):
