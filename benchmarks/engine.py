@@ -29,10 +29,11 @@ import time
 import warnings
 from pathlib import Path
 
-for _var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "NUMBA_NUM_THREADS"):
-    os.environ.setdefault(_var, "1")
+import single_thread  # noqa: F401  (before NumPy: one thread per runtime)
 
-import numpy as np  # noqa: E402
+# isort: split
+
+import numpy as np
 
 HERE = Path(__file__).parent
 sys.path.insert(0, str(HERE))

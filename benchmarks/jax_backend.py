@@ -16,20 +16,16 @@ older checkout of the package put first on ``PYTHONPATH``, to compare two versio
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 import time
 import warnings
 from pathlib import Path
 
-for _var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "NUMBA_NUM_THREADS"):
-    os.environ.setdefault(_var, "1")
-# One XLA thread: the CPU time is then comparable with numba's single thread.
-os.environ.setdefault(
-    "XLA_FLAGS", "--xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1"
-)
+import single_thread  # noqa: F401  (before NumPy: one thread per runtime)
 
-import numpy as np  # noqa: E402
+# isort: split
+
+import numpy as np
 
 HERE = Path(__file__).parent
 sys.path.insert(0, str(HERE))

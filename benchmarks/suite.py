@@ -52,17 +52,11 @@ import warnings
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-# One thread for every runtime (OpenBLAS behind NumPy and numba, XLA's Eigen pool), set before
-# NumPy or JAX load: a per-core comparison, and no spinning thread pools when the machine is
-# shared (oversubscribed pools made JAX and BLAS-heavy samplers 10-100x slower in testing).
-# A variable already set in the environment wins.
-for _var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "NUMBA_NUM_THREADS"):
-    os.environ.setdefault(_var, "1")
-os.environ.setdefault(
-    "XLA_FLAGS", "--xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1"
-)
+import single_thread  # noqa: F401  (before NumPy: one thread per runtime)
 
-import numpy as np  # noqa: E402
+# isort: split
+
+import numpy as np
 
 HERE = Path(__file__).parent
 sys.path.insert(0, str(HERE))

@@ -155,14 +155,16 @@ def test_ledoit_wolf_statistics_match_their_definition(n_rows, dim):
     )
 
 
-@pytest.mark.parametrize("n_rows, dim", [(40, 6), (6, 40)])
-def test_diagonally_shrunk_covariance_operations_match_dense(n_rows, dim):
-    # (1 - rho) Sigma + rho diag(Sigma) through every operation NOGIN and mCCAdL use, on the
-    # low-rank form: D x D solve when D <= n, Woodbury with a diagonal shift when n < D.
-    rng = np.random.default_rng(5)
+SHIFT = (1.3, 0.02)  # (a, b) of the shifted solves and square roots below
+
+
+def shrunk_operations(n_rows: int, dim: int, target: str, extra=lambda shrunk, v: []):
+    """Compiled (G, v, rho, t) -> every operation the integrators use on the low-rank form
+    shrunk towards ``target``, then ``extra(shrunk, v)``: matvec, dense, diagonal, trace,
+    the shifted solve (D x D when D <= n, Woodbury when n < D), CG, exp(t Sigma) v."""
     G, v, rho, t = pt.matrix("G"), pt.vector("v"), pt.scalar("rho"), pt.scalar("t")
-    shrunk = NoiseCovariance(G, dim, n_rows).shrunk(rho, "diagonal")
-    a, b = 1.3, 0.02
+    shrunk = NoiseCovariance(G, dim, n_rows).shrunk(rho, target)
+    a, b = SHIFT
     expm, _, _ = shrunk.expm_matvec(t, v, "double")
     outputs = [
         shrunk.matvec(v),
@@ -172,9 +174,31 @@ def test_diagonally_shrunk_covariance_operations_match_dense(n_rows, dim):
         shrunk.solve_shifted(a, b, v),
         shrunk.solve_shifted_cg(a, b, v, 60),
         expm,
-        shrunk.eigenvalue_floor(),
+        *extra(shrunk, v),
     ]
-    fn = pytensor.function([G, v, rho, t], outputs)
+    return pytensor.function([G, v, rho, t], outputs)
+
+
+def assert_operations_match_dense(outputs, dense, sigma, vec, t_val):
+    """The shared outputs of :func:`shrunk_operations` against the dense shrunk matrix."""
+    a, b = SHIFT
+    mv, full, diag, tr, solved, cg, ex = outputs
+    np.testing.assert_allclose(mv, dense @ vec, rtol=1e-10)
+    np.testing.assert_allclose(full, dense, rtol=1e-10, atol=1e-12)
+    np.testing.assert_allclose(diag, np.diag(dense), rtol=1e-10)
+    np.testing.assert_allclose(tr, np.trace(sigma), rtol=1e-10)
+    shifted = a * np.eye(len(vec)) + b * dense
+    np.testing.assert_allclose(solved, np.linalg.solve(shifted, vec), rtol=1e-9)
+    np.testing.assert_allclose(cg, np.linalg.solve(shifted, vec), rtol=1e-8)
+    np.testing.assert_allclose(ex, scipy.linalg.expm(t_val * dense) @ vec, rtol=1e-11)
+
+
+@pytest.mark.parametrize("n_rows, dim", [(40, 6), (6, 40)])
+def test_diagonally_shrunk_covariance_operations_match_dense(n_rows, dim):
+    # (1 - rho) Sigma + rho diag(Sigma) through every operation NOGIN and mCCAdL use, on the
+    # low-rank form: D x D solve when D <= n, Woodbury with a diagonal shift when n < D.
+    rng = np.random.default_rng(5)
+    fn = shrunk_operations(n_rows, dim, "diagonal", lambda shrunk, v: [shrunk.eigenvalue_floor()])
     # Columns of very different scales: the diagonal target keeps them, the identity would not.
     g = rng.standard_normal((n_rows, dim)) * np.geomspace(0.1, 3.0, dim)
     vec = rng.standard_normal(dim)
@@ -182,15 +206,9 @@ def test_diagonally_shrunk_covariance_operations_match_dense(n_rows, dim):
     for intensity in (0.0, 0.3, 1.0):
         dense = (1 - intensity) * sigma + intensity * np.diag(np.diag(sigma))
         t_val = -2.0 / np.linalg.eigvalsh(dense).max()
-        mv, full, diag, tr, solved, cg, ex, floor = fn(g, vec, intensity, t_val)
-        np.testing.assert_allclose(mv, dense @ vec, rtol=1e-10)
-        np.testing.assert_allclose(full, dense, rtol=1e-10, atol=1e-12)
-        np.testing.assert_allclose(diag, np.diag(sigma), rtol=1e-10)
-        np.testing.assert_allclose(tr, np.trace(sigma), rtol=1e-10)
-        shifted = a * np.eye(dim) + b * dense
-        np.testing.assert_allclose(solved, np.linalg.solve(shifted, vec), rtol=1e-9)
-        np.testing.assert_allclose(cg, np.linalg.solve(shifted, vec), rtol=1e-8)
-        np.testing.assert_allclose(ex, scipy.linalg.expm(t_val * dense) @ vec, rtol=1e-11)
+        *outputs, floor = fn(g, vec, intensity, t_val)
+        assert_operations_match_dense(outputs, dense, sigma, vec, t_val)
+        np.testing.assert_allclose(np.diag(dense), np.diag(sigma), rtol=1e-10)
         assert np.linalg.eigvalsh(dense).min() >= floor - 1e-9
 
 
@@ -213,38 +231,18 @@ def test_shrunk_covariance_operations_match_dense(n_rows, dim):
     # (1 - rho) Sigma + rho tr(Sigma)/D I through every operation the integrators use, on
     # the low-rank form (Woodbury when n < D, D x D solve otherwise).
     rng = np.random.default_rng(4)
-    G, v, rho = pt.matrix("G"), pt.vector("v"), pt.scalar("rho")
-    shrunk = NoiseCovariance(G, dim, n_rows).shrunk(rho)
-    a, b, t = 1.3, 0.02, pt.scalar("t")
-    expm, _, _ = shrunk.expm_matvec(t, v, "double")
-    root, min_eig = shrunk.sqrt_shifted_matvec(a, b, v)
-    outputs = [
-        shrunk.matvec(v),
-        shrunk.dense(),
-        shrunk.diagonal(),
-        shrunk.trace(),
-        shrunk.solve_shifted(a, b, v),
-        shrunk.solve_shifted_cg(a, b, v, 60),
-        expm,
-        root,
-        min_eig,
-    ]
-    fn = pytensor.function([G, v, rho, t], outputs)
+    a, b = SHIFT
+    fn = shrunk_operations(
+        n_rows, dim, "identity", lambda shrunk, v: list(shrunk.sqrt_shifted_matvec(a, b, v))
+    )
     # Rows small enough that a I - b Sigma stays positive definite (a real square root).
     g, vec = 0.3 * rng.standard_normal((n_rows, dim)), rng.standard_normal(dim)
     sigma = sample_covariance(g)
     for intensity in (0.0, 0.3, 1.0):
         dense = (1 - intensity) * sigma + intensity * np.trace(sigma) / dim * np.eye(dim)
         t_val = -2.0 / np.linalg.eigvalsh(dense).max()
-        mv, full, diag, tr, solved, cg, ex, rt, me = fn(g, vec, intensity, t_val)
-        np.testing.assert_allclose(mv, dense @ vec, rtol=1e-10)
-        np.testing.assert_allclose(full, dense, rtol=1e-10, atol=1e-12)
-        np.testing.assert_allclose(diag, np.diag(dense), rtol=1e-10)
-        np.testing.assert_allclose(tr, np.trace(sigma), rtol=1e-10)
-        shifted = a * np.eye(dim) + b * dense
-        np.testing.assert_allclose(solved, np.linalg.solve(shifted, vec), rtol=1e-9)
-        np.testing.assert_allclose(cg, np.linalg.solve(shifted, vec), rtol=1e-8)
-        np.testing.assert_allclose(ex, scipy.linalg.expm(t_val * dense) @ vec, rtol=1e-11)
+        *outputs, rt, me = fn(g, vec, intensity, t_val)
+        assert_operations_match_dense(outputs, dense, sigma, vec, t_val)
         assert np.linalg.eigvalsh(dense).min() >= intensity * np.trace(sigma) / dim - 1e-9
         eigvals = np.linalg.eigvalsh(a * np.eye(dim) - b * dense)
         assert eigvals.min() > 0
