@@ -48,6 +48,7 @@ from pymc_sgmcmc.model_layer import (
     SGModel,
     moving_average,
 )
+from pymc_sgmcmc.runaway import WINDOW, runaway_flags, running_medians, updated_reference
 
 __all__ = ["SGMCMC", "SGMCMCState", "Step", "Thermostatted", "positive"]
 
@@ -85,6 +86,7 @@ class SGMCMCState(StepMethodState):
     step_count: int
     divergences: int
     warned: bool
+    stability_check_due: bool
     chain_state: dict | None
     buffer: dict | None
     cursor: int
@@ -92,6 +94,8 @@ class SGMCMCState(StepMethodState):
     chain_start: np.ndarray | None
     block_cap: int | None
     typical_logp: float | None
+    logp_spreads: list[float]
+    logp_history: np.ndarray
     draws_left: int | None
     step_size: float | None
     scale: np.ndarray
@@ -135,11 +139,11 @@ class SGMCMC(ArrayStepShared):
         own ``compile_kwargs`` to a user-built step).
     divergence_threshold : float, default 1e10
         A step whose position has a coordinate beyond this magnitude (in the unconstrained
-        space), or any non-finite state, is divergent; so is a step whose minibatch
-        log-density falls more than ``max(1e4, 10 |best|)`` below the best seen in the chain. An
-        unstable step size makes the chain grow geometrically; these catch it long before
-        floating-point overflow. Raise the threshold for models whose parameters are
-        legitimately that large.
+        space), or any non-finite state, is divergent; so is a runaway, a step from which the
+        running median of the minibatch log-density falls far below the chain's typical value
+        (:mod:`pymc_sgmcmc.runaway`). An unstable step size makes the chain grow geometrically
+        or drift away; these catch it long before floating-point overflow. Raise the
+        threshold for models whose parameters are legitimately that large.
     rng : RandomGenerator, optional
         Replaced per chain by ``pm.sample``'s ``random_seed``.
     """
@@ -346,7 +350,8 @@ class SGMCMC(ArrayStepShared):
     def step_size_hint(self, theta: np.ndarray, failed: float) -> float:
         """A step size to suggest after a divergence at step size ``failed``: the stability
         limit from the curvature at ``theta``, and at most half of ``failed``."""
-        curvature, _ = self.sg_model.local_geometry(theta, self.scale, self.rng)
+        # A spawned generator: the hint must not change the chain's random stream.
+        curvature = self.sg_model.largest_curvature(theta, self.scale, self.rng.spawn(1)[0])
         if not np.isfinite(curvature) or curvature <= 0:
             return 0.5 * failed
         return min(self.stable_step_size(curvature), 0.5 * failed)
@@ -508,6 +513,7 @@ class SGMCMC(ArrayStepShared):
         self.step_count = 0
         self.divergences = 0
         self.warned = False
+        self.stability_check_due = self.user_step_size is not None
         self.chain_state = None
         self.buffer = None
         self.cursor = 0
@@ -516,6 +522,8 @@ class SGMCMC(ArrayStepShared):
         self.draws_left = draws
         self.block_cap = None
         self.typical_logp = None
+        self.logp_spreads = []
+        self.logp_history = np.zeros(0)
         self.step_size = self.user_step_size
         self.scale = np.ones(self.dim)
         self.shrinkage = 0.0 if self.noise_shrinkage in (None, "auto") else self.noise_shrinkage
@@ -636,6 +644,33 @@ class SGMCMC(ArrayStepShared):
         """Values of the compiled functions' kernel inputs: preconditioner, noise shrinkage."""
         return self.scale, self.shrinkage
 
+    def _check_user_step_size(self, theta: np.ndarray) -> None:
+        """Warn when a user's step size is beyond the linear-stability limit (twice
+        :meth:`stable_step_size`) at the first draw kept (after tuning, in the final
+        coordinates). Such a chain need not overflow: strong damping (NOGIN's noise solve, a
+        hot thermostat) can turn the instability into a slow drift that no divergence check
+        flags until the draws are far out in the tails (a logistic regression with N = 10^6
+        rows drifted to 140 posterior sd without one flagged step). A spawned generator keeps
+        the chain's own random stream as it would be without the check."""
+        self.stability_check_due = False
+        rng = self.rng.spawn(1)[0]
+        curvature = self.sg_model.largest_curvature(theta, self.scale, rng)
+        if not np.isfinite(curvature) or curvature <= 0:
+            return
+        limit = 2.0 * self.stable_step_size(curvature)
+        if self.step_size > limit:
+            warnings.warn(
+                f"{type(self).__name__}: step_size={self.step_size:.3g} is beyond the "
+                f"linear-stability limit {limit:.3g} at the first kept draw "
+                f"(largest curvature {curvature:.3g} of -log p in the sampler's coordinates). "
+                "Its draws cannot be trusted even where no step is flagged `diverging`: the "
+                f"chain can drift away from the posterior; try step_size="
+                f"{self.stable_step_size(curvature):.3g} or smaller, or leave step_size unset to "
+                "have it chosen during tuning.",
+                RuntimeWarning,
+                stacklevel=2,
+            )
+
     def _estimate_shrinkage(self, theta: np.ndarray) -> None:
         """The intensity for ``noise_shrinkage="auto"``, from minibatch gradients at
         the last tuning draws (or at ``theta`` at a chain start), in the current coordinates:
@@ -668,6 +703,8 @@ class SGMCMC(ArrayStepShared):
         if self.step_size is None:
             self._initial_kernel(theta)
         if self.chain_state is None:
+            if self.stability_check_due and not self.tune:
+                self._check_user_step_size(theta)
             if self.shrinkage_due and self.noise_shrinkage == "auto":
                 self._estimate_shrinkage(theta)
             self.chain_state = self._initial_state(theta)
@@ -707,13 +744,15 @@ class SGMCMC(ArrayStepShared):
         }
         for name in self._integrator_stat_names():
             buffer[name] = buffer[name].astype(self.stats_dtypes_shapes[name][0])
-        sane &= ~self._runaway(logps)
+        medians = running_medians(logps, self.logp_history)
+        sane &= ~runaway_flags(logps, medians, self.typical_logp, self.logp_spreads)
         if sane.all():
             self.chain_state = dict(zip(names, final, strict=True))
             self.step_count += n_steps
-            median = float(np.median(logps))
-            first = self.typical_logp is None
-            self.typical_logp = median if first else max(self.typical_logp, median)
+            self.typical_logp = updated_reference(
+                self.typical_logp, self.logp_spreads, logps, medians
+            )
+            self.logp_history = np.concatenate([self.logp_history, logps])[1 - WINDOW :]
             if self.block_cap is not None:
                 self.block_cap = (
                     None
@@ -726,26 +765,6 @@ class SGMCMC(ArrayStepShared):
             buffer = self._truncate_at_divergence(buffer, theta, bad)
         self.buffer = buffer
         self.cursor = 0
-
-    def _runaway(self, logps: np.ndarray) -> np.ndarray:
-        """Steps whose minibatch log-density fell far below the chain's typical value.
-
-        An unstable chain grows geometrically (or heats up to a far too wide state) and its
-        log-density collapses long before the position overflows. The typical value is the
-        median of the first sane block, raised to the median of every later sane block that
-        is higher; within the first block, the first step's value. Medians, because a single
-        minibatch estimate is noisy (a maximum over steps sits several noise widths above the
-        typical value, and flagged 8 % of ordinary steps with n = 10 of N = 26,049 rows);
-        never lowered, so that a chain drifting away cannot drag the reference along; and the
-        first step rather than a median within the first block, which a blow-up in its first
-        steps would already contaminate. The margin, max(1e4, 10 |typical|), is far beyond the
-        minibatch fluctuations of the estimate (at most about 4 |typical| over 14,000 steps of
-        that n = 10 case).
-        """
-        typical = self.typical_logp if self.typical_logp is not None else float(logps[0])
-        if not np.isfinite(typical):
-            return np.zeros(logps.shape, dtype=bool)
-        return ~(logps >= typical - max(1e4, 10 * abs(typical)))  # non-finite: flagged too
 
     def _truncate_at_divergence(self, buffer: dict, start: np.ndarray, bad_step: int) -> dict:
         """Keep the draws before the first divergent step; the next draw repeats the last
@@ -761,14 +780,18 @@ class SGMCMC(ArrayStepShared):
                 values[j] = np.nan
         self.step_count += (j + 1) * self.thin
         self.chain_state = None  # restart from `last` with fresh auxiliary variables
+        # The restarted chain's first steps are judged on their own, not diluted by the
+        # window of sane steps before (a short block after a divergence would hide in it).
+        self.logp_history = np.zeros(0)
         if self.tune and self.adapts_step_size:
             # Part of finding the step size: halve it; tuning draws are discarded anyway.
             self._set_kernel(0.5 * h_bad)
         elif not self.warned:
             self.warned = True
             warnings.warn(
-                f"{type(self).__name__} diverged (non-finite position, momentum or force, or "
-                f"|position| > {self.divergence_threshold:g}) at "
+                f"{type(self).__name__} diverged (non-finite position, momentum or force, "
+                f"|position| > {self.divergence_threshold:g}, or a collapse of the minibatch "
+                "log-density) at "
                 f"step {self.step_count} with step_size={h_bad:.3g}. The chain restarts from its "
                 "last sane draw and the draw is flagged `diverging`. From the curvature of the "
                 "log-density at the chain's starting point, try "

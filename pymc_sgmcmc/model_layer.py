@@ -450,6 +450,12 @@ class SGModel:
         if self.per_observation_gradients is None:
             force, logp = self.force_and_logp(theta, indices)
             return force, logp, NoiseCovariance(None, self.dim)
+        if self.batch_size < 2:
+            raise ModelError(
+                "the noise covariance is estimated from the spread of the minibatch's "
+                "per-observation gradients, which needs at least 2 rows: use "
+                "pm.Minibatch(..., batch_size >= 2) with this sampler"
+            )
         fixed_force, logp, grads = self._at(
             theta, indices, [self.fixed_force, self.logp, self.per_observation_gradients]
         )
@@ -497,23 +503,36 @@ class SGModel:
         """
         _, rows_fn = self._geometry_functions
         batch_idx = self._batch_indices(rng, batches)
-        hessian = self._averaged_hessian(theta, batch_idx)
-        curvature = _power_iteration(
-            lambda v: scale * hessian(scale * v), rng.standard_normal(self.dim), iterations
-        )
+        curvature = self._largest_curvature(theta, scale, rng, batch_idx, iterations)
         if rows_fn is None:
             return curvature, 0.0
+        rows = [rows_fn(theta, *ix) * scale for ix in batch_idx]
+        if self.batch_size == 1:
+            # One row per minibatch has no spread of its own: Sigma of a one-row minibatch is
+            # the covariance of single (N-scaled) rows, estimated from the batches' rows.
+            rows = [np.concatenate(rows)]
         noise = []
-        for ix in batch_idx:
-            rows = rows_fn(theta, *ix) * scale
-            centred = rows - rows.mean(axis=0)
-            n = len(rows)
+        for r in rows:
+            centred = r - r.mean(axis=0)
+            n = len(r)
 
             def sigma(v, centred=centred, n=n):
-                return n / (n - 1.0) * (centred.T @ (centred @ v))
+                return self.batch_size / (n - 1.0) * (centred.T @ (centred @ v))
 
             noise.append(_power_iteration(sigma, rng.standard_normal(self.dim), iterations))
         return curvature, float(np.mean(noise))
+
+    def largest_curvature(
+        self, theta: np.ndarray, scale: np.ndarray, rng: np.random.Generator, batches: int = 2
+    ) -> float:
+        """The curvature of :meth:`local_geometry` alone (no per-observation gradients)."""
+        return self._largest_curvature(theta, scale, rng, self._batch_indices(rng, batches))
+
+    def _largest_curvature(self, theta, scale, rng, batch_idx, iterations: int = 20) -> float:
+        hessian = self._averaged_hessian(theta, batch_idx)
+        return _power_iteration(
+            lambda v: scale * hessian(scale * v), rng.standard_normal(self.dim), iterations
+        )
 
     def shrinkage_intensity(
         self,

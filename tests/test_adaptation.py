@@ -93,14 +93,14 @@ def test_without_adaptation_the_wide_coordinate_is_not_explored():
 def test_user_step_size_is_kept_and_preconditioner_can_be_switched_off():
     problem = WideGaussian.make()
     with problem.model() as model:
-        step = NOGIN(step_size=1e-3)
+        step = NOGIN(step_size=1e-4)
     idata = sample(model, step, draws=50, tune=200, discard_tuned_samples=False)
     h = idata.warmup_sample_stats["step_size"].values
-    assert np.all(h == 1e-3) and np.all(idata.sample_stats["step_size"].values == 1e-3)
+    assert np.all(h == 1e-4) and np.all(idata.sample_stats["step_size"].values == 1e-4)
     assert step.thin == 1, "thin defaults to 1 with a user step size"
     assert np.max(step.scale) == 1.0 and np.min(step.scale) < 0.1, "scales normalised to 1"
     with problem.model() as model:
-        fixed = NOGIN(step_size=1e-3, adapt_preconditioner=False)
+        fixed = NOGIN(step_size=1e-4, adapt_preconditioner=False)
     sample(model, fixed, draws=50, tune=200)
     assert np.all(fixed.scale == 1.0)
 

@@ -15,6 +15,7 @@ import pytest
 from models import GaussianRegression
 
 from pymc_sgmcmc import SGLD, SGNHT
+from pymc_sgmcmc.runaway import runaway_flags, running_medians, updated_reference
 
 SAMPLE_KWARGS = dict(tune=0, chains=1, progressbar=False, compute_convergence_checks=False)
 
@@ -78,16 +79,33 @@ def test_divergence_at_an_unstored_step_is_flagged_at_its_draw():
     assert np.isnan(idata.sample_stats["minibatch_logp"].values[0][diverging]).all()
 
 
-def test_runaway_check_compares_with_the_typical_value_of_the_chain():
-    # Within the first block the reference is the first step's value (a blow-up in the first
-    # steps must not contaminate it); then the median of sane blocks, only ever raised. The
-    # threshold is typical - max(1e4, 10 |typical|); non-finite values are flagged too.
-    with small_problem().model():
-        step = SGLD(step_size=1e-4)
-    blowup = np.array([-1e3, -5e3, -2e4, -1e6, -np.inf, np.nan])
-    np.testing.assert_array_equal(step._runaway(blowup), [0, 0, 1, 1, 1, 1])
-    step.typical_logp = -1e3  # the median of the sane blocks so far
-    np.testing.assert_array_equal(step._runaway(np.array([-5.0, -1.1e4, -1.2e4])), [0, 0, 1])
+def test_runaway_check_flags_non_finite_steps_and_the_start_of_a_collapse():
+    # In the chain's first block the reference is its first step, the margin
+    # the scale-free max(1e4, 10 |typical|); non-finite values are flagged where they occur.
+    logps = np.full(60, -1e3)
+    logps[30:] = -1e3 - 1e3 * np.arange(1, 31)  # falls by 1e3 per step from step 30
+    medians = running_medians(logps, np.zeros(0))
+    # The margin 1e4 is crossed at step 40; the first window mostly below ends at step 50.
+    np.testing.assert_array_equal(np.flatnonzero(runaway_flags(logps, medians, None, [])), [40])
+    logps[5] = np.nan
+    flags = runaway_flags(logps, running_medians(logps, np.zeros(0)), None, [])
+    assert flags[5] and flags[40]
+
+
+def test_runaway_check_ignores_heavy_tailed_single_steps_but_not_a_drift():
+    # n = 1 minibatch log-densities: most steps near the median, one in a hundred 30x
+    # below it. A single-value check flagged about a quarter of such a chain's draws.
+    rng = np.random.default_rng(0)
+    logps = -800.0 - 200.0 * rng.exponential(size=20_000)
+    logps[rng.random(20_000) < 0.01] *= 30
+    history, spreads = np.zeros(0), []
+    typical = updated_reference(None, spreads, logps[:1000], running_medians(logps[:1000], history))
+    assert not runaway_flags(logps, running_medians(logps, history), typical, spreads).any()
+    # A drift of 0.5 spreads per step is flagged once its running median is SPREADS below.
+    drift = logps[:1000] - 0.5 * spreads[0] * np.arange(1000)
+    flags = runaway_flags(drift, running_medians(drift, history), typical, spreads)
+    first = int(np.flatnonzero(flags)[0])
+    assert flags.sum() == 1 and 2 * 40 < first < 2 * 60
 
 
 def test_small_minibatches_of_a_large_data_set_are_not_flagged_as_divergent():

@@ -256,6 +256,32 @@ def test_divergence_is_flagged_and_never_returned_as_nan():
     assert (idata.sample_stats["divergences"].values[:, -1] == diverging.sum(axis=1)).all()
 
 
+@pytest.mark.parametrize("step_size, warned", [(2e-2, True), (1e-4, False)])
+def test_a_step_size_beyond_the_stability_limit_is_named_in_a_warning(step_size, warned):
+    # Largest curvature ~ N = 500 in the regression's coordinates: SGLD's linear-stability
+    # limit is 4/500 = 8e-3. The check runs once per chain, at the first kept draw.
+    problem = small_problem()
+    with problem.model():
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            pm.sample(draws=20, tune=10, step=SGLD(step_size=step_size), chains=1, **SAMPLE_KWARGS)
+    messages = [str(w.message) for w in caught if "linear-stability limit" in str(w.message)]
+    assert len(messages) == int(warned)
+    if warned:
+        limit = float(re.search(r"limit ([\d.e+-]+)", messages[0]).group(1))
+        suggested = float(re.search(r"try step_size=([\d.e+-]+)", messages[0]).group(1))
+        assert 5e-3 < limit < 1.2e-2 and suggested == pytest.approx(limit / 2, rel=0.01)
+
+
+@pytest.mark.parametrize("factory", [CCAdL, MCCAdL, NOGIN])
+def test_covariance_samplers_reject_one_row_minibatches(factory):
+    # The noise covariance is estimated from the spread of the minibatch's rows.
+    problem = GaussianRegression.make(n_obs=500, dim=2, batch_size=1)
+    with problem.model():
+        with pytest.raises(ValueError, match="at least 2 rows"):
+            pm.sample(draws=5, tune=0, step=factory(step_size=1e-3), chains=1, **SAMPLE_KWARGS)
+
+
 # --------------------------------------------------------------------------- bad input
 @pytest.mark.parametrize(
     "factory, message",
