@@ -658,9 +658,10 @@ class SGMCMC(ArrayStepShared):
         if not np.isfinite(curvature) or curvature <= 0:
             return
         limit = 2.0 * self.stable_step_size(curvature)
-        if self.step_size > limit:
+        h = float(self.step_sizes(np.array([self.step_count]))[0])  # a schedule's current value
+        if h > limit:
             warnings.warn(
-                f"{type(self).__name__}: step_size={self.step_size:.3g} is beyond the "
+                f"{type(self).__name__}: step_size={h:.3g} is beyond the "
                 f"linear-stability limit {limit:.3g} at the first kept draw "
                 f"(largest curvature {curvature:.3g} of -log p in the sampler's coordinates). "
                 "Its draws cannot be trusted even where no step is flagged `diverging`: the "
