@@ -442,15 +442,20 @@ class SGModel:
         """Noisy force F(theta) and the minibatch estimate of log p(theta | X)."""
         return self._at(theta, indices, [self.force, self.logp])
 
-    def force_logp_and_noise(self, theta: Variable, indices: Sequence[Variable]):
+    def force_logp_and_noise(
+        self, theta: Variable, indices: Sequence[Variable], optional: bool = False
+    ):
         """As :meth:`force_and_logp`, plus the :class:`NoiseCovariance` of that force.
 
         The force is assembled from the per-observation gradients, so they are computed once.
+        A one-row minibatch has no spread to estimate the covariance from: an error, or with
+        ``optional`` (a sampler that only starts from the estimate) a zero covariance.
         """
-        if self.per_observation_gradients is None:
+        one_row = self.per_observation_gradients is not None and self.batch_size < 2
+        if self.per_observation_gradients is None or (one_row and optional):
             force, logp = self.force_and_logp(theta, indices)
             return force, logp, NoiseCovariance(None, self.dim)
-        if self.batch_size < 2:
+        if one_row:
             raise ModelError(
                 "the noise covariance is estimated from the spread of the minibatch's "
                 "per-observation gradients, which needs at least 2 rows: use "
@@ -1160,8 +1165,10 @@ class ScaledTarget:
         force, logp = self.model.force_and_logp(self.position(phi), indices)
         return self.scale * force, logp
 
-    def force_logp_and_noise(self, phi: Variable, indices: Sequence[Variable]):
-        force, logp, sigma = self.model.force_logp_and_noise(self.position(phi), indices)
+    def force_logp_and_noise(
+        self, phi: Variable, indices: Sequence[Variable], optional: bool = False
+    ):
+        force, logp, sigma = self.model.force_logp_and_noise(self.position(phi), indices, optional)
         return self.scale * force, logp, sigma.scaled(self.scale)
 
     def exact_noise_covariance(self, phi: Variable) -> DenseCovariance:

@@ -278,13 +278,35 @@ def test_a_step_size_beyond_the_stability_limit_is_named_in_a_warning(step_size,
         assert 5e-3 < limit < 1.2e-2 and suggested == pytest.approx(limit / 2, rel=0.01)
 
 
-@pytest.mark.parametrize("factory", [CCAdL, MCCAdL, NOGIN])
-def test_covariance_samplers_reject_one_row_minibatches(factory):
+@pytest.mark.parametrize(
+    "factory",
+    [
+        CCAdL,
+        MCCAdL,
+        NOGIN,
+        MSGLD,
+        lambda step_size: SGHMC(step_size=step_size, gradient_noise="estimate"),
+    ],
+    ids=["CCAdL", "MCCAdL", "NOGIN", "MSGLD", "SGHMC-estimate"],
+)
+def test_samplers_that_estimate_the_noise_reject_one_row_minibatches(factory):
     # The noise covariance is estimated from the spread of the minibatch's rows.
     problem = GaussianRegression.make(n_obs=500, dim=2, batch_size=1)
     with problem.model():
         with pytest.raises(ValueError, match="at least 2 rows"):
             pm.sample(draws=5, tune=0, step=factory(step_size=1e-3), chains=1, **SAMPLE_KWARGS)
+
+
+def test_sgld_and_sgnht_sample_one_row_minibatches():
+    # SGNHT only starts its thermostat from the noise estimate: with one row it starts at A.
+    problem = GaussianRegression.make(n_obs=500, dim=2, batch_size=1)
+    with problem.model():
+        sgnht = pm.sample(draws=50, tune=50, step=SGNHT(friction=2.0), chains=1, **SAMPLE_KWARGS)
+        sgld = pm.sample(draws=50, tune=50, step=SGLD(), chains=1, **SAMPLE_KWARGS)
+    for idata in (sgnht, sgld):
+        assert np.isfinite(idata.posterior["w"].values).all()
+        assert not idata.sample_stats["diverging"].values.any()
+    assert np.isfinite(sgnht.sample_stats["thermostat"].values).all()
 
 
 # --------------------------------------------------------------------------- bad input

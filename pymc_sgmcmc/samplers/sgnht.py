@@ -108,8 +108,9 @@ class SGNHT(Thermostatted):
     def initial_evaluation(self, theta, indices, noise, h):
         # The thermostat starts at its equilibrium under isotropic gradient noise,
         # xi = A + h tr(Sigma) / (2D) (Ding et al. 2014, B = h Sigma / 2), from this minibatch:
-        # from xi = A it would take about mu / (h tr Sigma) time units to get there.
-        force, logp, sigma = self.target.force_logp_and_noise(theta, indices)
+        # from xi = A it would take about mu / (h tr Sigma) time units to get there. (A
+        # one-row minibatch has no estimate: xi = A, Ding et al.'s start.)
+        force, logp, sigma = self.target.force_logp_and_noise(theta, indices, optional=True)
         xi = self.friction + h * sigma.trace() / (2.0 * self.dim)
         return {"force": force, "logp": logp, "thermostat": xi}
 
