@@ -646,12 +646,13 @@ class SGMCMC(ArrayStepShared):
 
     def _check_user_step_size(self, theta: np.ndarray) -> None:
         """Warn when a user's step size is beyond the linear-stability limit (twice
-        :meth:`stable_step_size`) at the first draw kept (after tuning, in the final
-        coordinates). Such a chain need not overflow: strong damping (NOGIN's noise solve, a
-        hot thermostat) can turn the instability into a slow drift that no divergence check
-        flags until the draws are far out in the tails (a logistic regression with N = 10^6
-        rows drifted to 140 posterior sd without one flagged step). A spawned generator keeps
-        the chain's own random stream as it would be without the check."""
+        :meth:`stable_step_size`) at ``theta`` (the first kept draw after tuning, in the final
+        coordinates, or the end of the first block without tuning). Such a chain need not
+        overflow: strong damping (NOGIN's noise solve, a hot thermostat) can turn the
+        instability into a slow drift that no divergence check flags until the draws are far
+        out in the tails (a logistic regression with N = 10^6 rows drifted to 140 posterior sd
+        without one flagged step). A spawned generator keeps the chain's own random stream as
+        it would be without the check."""
         self.stability_check_due = False
         rng = self.rng.spawn(1)[0]
         curvature = self.sg_model.largest_curvature(theta, self.scale, rng)
@@ -662,7 +663,7 @@ class SGMCMC(ArrayStepShared):
         if h > limit:
             warnings.warn(
                 f"{type(self).__name__}: step_size={h:.3g} is beyond the "
-                f"linear-stability limit {limit:.3g} at the first kept draw "
+                f"linear-stability limit {limit:.3g} at the chain's position "
                 f"(largest curvature {curvature:.3g} of -log p in the sampler's coordinates). "
                 "Its draws cannot be trusted even where no step is flagged `diverging`: the "
                 f"chain can drift away from the posterior; try step_size="
@@ -703,9 +704,12 @@ class SGMCMC(ArrayStepShared):
         names = self.functions[1]
         if self.step_size is None:
             self._initial_kernel(theta)
+        # After tuning at the first kept draw; without tuning after the first block, once the
+        # chain has left its starting point (often far out, with a far larger curvature).
+        warmed_up = self.tune_drawn > 0 or self.chain_state is not None
+        if self.stability_check_due and not self.tune and warmed_up:
+            self._check_user_step_size(theta)
         if self.chain_state is None:
-            if self.stability_check_due and not self.tune:
-                self._check_user_step_size(theta)
             if self.shrinkage_due and self.noise_shrinkage == "auto":
                 self._estimate_shrinkage(theta)
             self.chain_state = self._initial_state(theta)

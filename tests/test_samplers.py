@@ -263,8 +263,9 @@ def test_divergence_is_flagged_and_never_returned_as_nan():
 )
 def test_a_step_size_beyond_the_stability_limit_is_named_in_a_warning(step_size, warned):
     # Largest curvature ~ N = 500 in the regression's coordinates: SGLD's linear-stability
-    # limit is 4/500 = 8e-3. The check runs once per chain, at the first kept draw, on the
-    # step size then in use (the schedule's is 0.2 * (1e4 + t)^-0.55 ~ 1.3e-3, its a = 0.2).
+    # limit is 4/500 = 8e-3. The check runs once per chain, at the first kept draw after
+    # tuning, on the step size then in use (the schedule's is 0.2 * (1e4 + t)^-0.55 ~ 1.3e-3,
+    # its a = 0.2).
     problem = small_problem()
     with problem.model():
         with warnings.catch_warnings(record=True) as caught:
