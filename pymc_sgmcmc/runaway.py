@@ -36,10 +36,11 @@ WINDOW = 21
 #: Margin below the typical value, in spreads of the running median. In 20,000-step sane
 #: chains (SGLD, SGNHT, NOGIN at their default step sizes on P1, P2, P4 and a logistic
 #: regression) the running median fell at most 3.7-5.7 spreads below the typical value at
-#: n >= 10, and 18-19 at n = 1. Even where single steps are heavy-tailed the running median
-#: is not: it falls below a quantile q only when 11 of 21 steps do, with probability about
-#: C(21, 11) q^11. A NOGIN chain drifting away at N = 10^6, n = 1,000 (the benchmark's P4)
-#: crossed 50 spreads at about 30 posterior sd, 100 spreads only at about 135.
+#: n >= 10, and 18-19 at n = 1 (``benchmarks/runaway_calibration_results.md``). Even where
+#: single steps are heavy-tailed the running median is not: it falls below a quantile q only
+#: when 11 of 21 steps do, with probability about C(21, 11) q^11. A NOGIN chain drifting away
+#: at N = 10^6, n = 1,000 (the benchmark's P4) crossed 50 spreads at about 30 posterior sd,
+#: 100 spreads only at about 135.
 SPREADS = 50.0
 #: A single step this many margins below is flagged without waiting for the window: an
 #: unstable step grows the log-density's deficit by orders of magnitude per step, while in
