@@ -79,8 +79,10 @@ def spread(medians: np.ndarray) -> float:
 def runaway_flags(
     logps: np.ndarray, medians: np.ndarray, typical: float | None, spreads: list[float]
 ) -> np.ndarray:
-    """Steps that are runaways: non-finite, or the first low step of a window whose running
-    median is more than the margin below the typical value (:func:`margin`)."""
+    """Flags on the steps that start a runaway: every non-finite step; the first low step
+    (more than the margin below the typical value, :func:`margin`) of the first window whose
+    running median is low; and the first of the run of low steps that ends in the first
+    single step :data:`EXTREME` margins below. The caller truncates at the first flag."""
     flagged = ~np.isfinite(logps)
     if typical is None:
         # The chain's first block: its first step (a blow-up within the first window would
