@@ -42,6 +42,7 @@ from rich.table import Column
 from pymc_sgmcmc.adaptation import WindowVariance, adaptation_boundaries
 from pymc_sgmcmc.model_layer import (
     SHRINKAGE_TARGETS,
+    ControlVariate,
     DenseCovariance,
     DiagonalCovariance,
     ScaledTarget,
@@ -94,6 +95,9 @@ class SGMCMCState(StepMethodState):
     chain_start: np.ndarray | None
     block_cap: int | None
     typical_logp: float | None
+    anchor: np.ndarray
+    anchor_force: np.ndarray
+    anchor_due: bool
     logp_spreads: list[float]
     logp_history: np.ndarray
     draws_left: int | None
@@ -128,6 +132,16 @@ class SGMCMC(ArrayStepShared):
         operator then runs in the coordinates theta / sd. With a user-given ``step_size`` the
         sd are normalised to a largest value of 1, so that the step size keeps its meaning
         in the widest coordinate and no coordinate becomes harder to integrate.
+    control_variates : bool, default False
+        Use the control-variate force of Baker et al. (2019), F(anchor) + F~(theta) -
+        F~(anchor) (both minibatch forces on the same rows; F(anchor) exact, from one pass
+        over the data): unbiased, with a gradient noise that shrinks as the chain nears the
+        anchor instead of staying at the data's spread, so that with large N / n the step
+        size is no longer held down by the noise. Costs a second minibatch gradient per
+        step and a pass over the data whenever the anchor moves: to the chain's position at
+        its start and at the end of every adaptation window, then fixed after tuning (pick
+        enough ``tune`` for the chain to reach the posterior). Ignored without
+        ``pm.Minibatch``.
     block_steps : int, default 1000
         Integrator steps compiled into one call; draws are served from the block. Only speed
         depends on it (fewer Python round trips), not the draws.
@@ -172,6 +186,7 @@ class SGMCMC(ArrayStepShared):
         *,
         thin: int | None = None,
         adapt_preconditioner: bool = True,
+        control_variates: bool = False,
         block_steps: int = 1000,
         model=None,
         mode=None,
@@ -190,6 +205,9 @@ class SGMCMC(ArrayStepShared):
             raise ValueError(f"block_steps must be a positive integer, got {block_steps}")
         self.user_thin = None if thin is None else int(thin)
         self.adapt_preconditioner = bool(adapt_preconditioner)
+        self.control_variates = bool(control_variates) and self.sg_model.has_minibatch
+        if self.control_variates:
+            self.sg_model.total_rows  # noqa: B018  (raises unless one N for a full pass)
         self.divergence_threshold = positive("divergence_threshold", divergence_threshold)
         self.sg_model.check_factorisation()
         self.dim = self.sg_model.dim
@@ -375,9 +393,13 @@ class SGMCMC(ArrayStepShared):
         noise = pt.tensor("noise", shape=(self.noise_vectors, self.dim))
         scale = pt.vector("scale", shape=(self.dim,))
         shrinkage = pt.scalar("noise_shrinkage")
-        kernel = [scale, shrinkage]  # inputs that change between blocks without recompiling
+        anchor = pt.vector("anchor", shape=(self.dim,))
+        anchor_force = pt.vector("anchor_force", shape=(self.dim,))
+        # Inputs that change between blocks without recompiling.
+        kernel = [scale, shrinkage, anchor, anchor_force]
         h0 = pt.scalar("h")
-        self.target = ScaledTarget(ml, scale, shrinkage)
+        control = ControlVariate(anchor, anchor_force) if self.control_variates else None
+        self.target = ScaledTarget(ml, scale, shrinkage, control)
         evaluated = self.initial_evaluation(theta, indices, noise, h0)
         kwargs = {"mode": self.mode, **self.compile_kwargs, "on_unused_input": "ignore"}
         init_fn = None
@@ -522,6 +544,9 @@ class SGMCMC(ArrayStepShared):
         self.draws_left = draws
         self.block_cap = None
         self.typical_logp = None
+        self.anchor = np.zeros(self.dim)
+        self.anchor_force = np.zeros(self.dim)
+        self.anchor_due = self.control_variates
         self.logp_spreads = []
         self.logp_history = np.zeros(0)
         self.step_size = self.user_step_size
@@ -550,6 +575,7 @@ class SGMCMC(ArrayStepShared):
             self.chain_state = None
             self.buffer = None
             self.shrinkage_due = True
+            self.anchor_due = self.control_variates
         self.tune = False
 
     def astep(self, q0: RaveledVars) -> tuple[RaveledVars, list[dict[str, Any]]]:
@@ -593,8 +619,11 @@ class SGMCMC(ArrayStepShared):
             self._adapt(draw, slow_window)
 
     def _adapt(self, theta: np.ndarray, slow_window: bool) -> None:
-        """End of an adaptation window: new preconditioner (slow windows), new step size, and
-        a restart of the integrator state at ``theta`` in the new coordinates."""
+        """End of an adaptation window: new control-variate anchor, new preconditioner (slow
+        windows), new step size, and a restart of the integrator state at ``theta`` in the new
+        coordinates."""
+        if self.control_variates:
+            self._set_anchor(theta)
         if slow_window and self.adapt_preconditioner:
             scale = self.window.standard_deviations(self.scale)
             # With an adapted step size the coordinates are theta / sd, in which a friction
@@ -631,7 +660,12 @@ class SGMCMC(ArrayStepShared):
         accuracy -- the gradient noise varies with the position, more than the curvature."""
         points = self.recent or [theta]
         geometry = np.array(
-            [self.sg_model.local_geometry(x, self.scale, self.rng, batches=2) for x in points]
+            [
+                self.sg_model.local_geometry(
+                    x, self.scale, self.rng, batches=2, anchor=self._geometry_anchor
+                )
+                for x in points
+            ]
         )
         curvature, noise = np.max(geometry[:, 0]), np.mean(geometry[:, 1])
         if not np.isfinite(curvature) or curvature <= 0:
@@ -640,9 +674,21 @@ class SGMCMC(ArrayStepShared):
         return self.adapted_step_size(curvature, noise if np.isfinite(noise) else 0.0, phase)
 
     @property
-    def _kernel(self) -> tuple[np.ndarray, float]:
-        """Values of the compiled functions' kernel inputs: preconditioner, noise shrinkage."""
-        return self.scale, self.shrinkage
+    def _kernel(self) -> tuple[np.ndarray, float, np.ndarray, np.ndarray]:
+        """Values of the compiled functions' kernel inputs: preconditioner, noise shrinkage,
+        control-variate anchor and its exact force (zeros, unused, without)."""
+        return self.scale, self.shrinkage, self.anchor, self.anchor_force
+
+    @property
+    def _geometry_anchor(self) -> np.ndarray | None:
+        """The anchor whose control-variate noise the step size is chosen for, if any."""
+        return self.anchor if self.control_variates else None
+
+    def _set_anchor(self, theta: np.ndarray) -> None:
+        """Move the control variates' anchor to ``theta``: one pass over the data."""
+        self.anchor = np.array(theta, dtype=float)
+        self.anchor_force = self.sg_model.full_data_force(self.anchor)
+        self.anchor_due = False
 
     def _check_user_step_size(self, theta: np.ndarray) -> None:
         """Warn when a user's step size is beyond the linear-stability limit (twice
@@ -679,7 +725,11 @@ class SGMCMC(ArrayStepShared):
         re-estimated after every adaptation window and at the end of tuning, then fixed."""
         points = self.recent or [theta]
         self.shrinkage = self.sg_model.shrinkage_intensity(
-            points, self.scale, self.rng, target=self.noise_shrinkage_target
+            points,
+            self.scale,
+            self.rng,
+            target=self.noise_shrinkage_target,
+            anchor=self._geometry_anchor,
         )
         self.shrinkage_due = False
 
@@ -702,6 +752,8 @@ class SGMCMC(ArrayStepShared):
 
     def _fill_buffer(self, theta: np.ndarray) -> None:
         names = self.functions[1]
+        if self.anchor_due:
+            self._set_anchor(theta)
         if self.step_size is None:
             self._initial_kernel(theta)
         # After tuning at the first kept draw; without tuning after the first block, once the

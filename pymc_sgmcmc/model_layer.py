@@ -42,6 +42,7 @@ from pytensor.graph.traversal import ancestors, toposort
 from pytensor.scan.utils import until
 
 __all__ = [
+    "ControlVariate",
     "Covariance",
     "DenseCovariance",
     "DiagonalCovariance",
@@ -438,22 +439,38 @@ class SGModel:
         replace = {self.theta: theta, **dict(zip(self.indices, indices, strict=True))}
         return clone_replace(list(outputs), replace)
 
-    def force_and_logp(self, theta: Variable, indices: Sequence[Variable]):
-        """Noisy force F(theta) and the minibatch estimate of log p(theta | X)."""
-        return self._at(theta, indices, [self.force, self.logp])
+    def force_and_logp(
+        self,
+        theta: Variable,
+        indices: Sequence[Variable],
+        control: ControlVariate | None = None,
+    ):
+        """Noisy force F(theta) and the minibatch estimate of log p(theta | X); with
+        ``control``, the control-variate force (:class:`ControlVariate`)."""
+        force, logp = self._at(theta, indices, [self.force, self.logp])
+        if control is not None and self.has_minibatch:
+            (at_anchor,) = self._at(control.anchor, indices, [self.force])
+            force = control.anchor_force + (force - at_anchor)
+        return force, logp
 
     def force_logp_and_noise(
-        self, theta: Variable, indices: Sequence[Variable], optional: bool = False
+        self,
+        theta: Variable,
+        indices: Sequence[Variable],
+        optional: bool = False,
+        control: ControlVariate | None = None,
     ):
         """As :meth:`force_and_logp`, plus the :class:`NoiseCovariance` of that force.
 
-        The force is assembled from the per-observation gradients, so they are computed once.
+        The force is assembled from the per-observation gradients, so they are computed once;
+        with ``control`` they are the differences g_i(theta) - g_i(anchor), whose spread is
+        the control-variate force's noise.
         A one-row minibatch has no spread to estimate the covariance from: an error, or with
         ``optional`` (a sampler that only starts from the estimate) a zero covariance.
         """
         one_row = self.per_observation_gradients is not None and self.batch_size < 2
         if self.per_observation_gradients is None or (one_row and optional):
-            force, logp = self.force_and_logp(theta, indices)
+            force, logp = self.force_and_logp(theta, indices, control)
             return force, logp, NoiseCovariance(None, self.dim)
         if one_row:
             raise ModelError(
@@ -464,11 +481,47 @@ class SGModel:
         fixed_force, logp, grads = self._at(
             theta, indices, [self.fixed_force, self.logp, self.per_observation_gradients]
         )
-        return (
-            fixed_force + grads.sum(axis=0),
-            logp,
-            NoiseCovariance(grads, self.dim, self.batch_size),
+        force = fixed_force + grads.sum(axis=0)
+        if control is not None:
+            fixed_at_anchor, grads_at_anchor = self._at(
+                control.anchor, indices, [self.fixed_force, self.per_observation_gradients]
+            )
+            grads = grads - grads_at_anchor
+            force = control.anchor_force + fixed_force - fixed_at_anchor + grads.sum(axis=0)
+        return force, logp, NoiseCovariance(grads, self.dim, self.batch_size)
+
+    def full_data_force(self, theta: np.ndarray) -> np.ndarray:
+        """The exact force at ``theta``: the fixed terms plus every row's gradient, from the
+        per-observation gradients of consecutive one-minibatch chunks (one pass over the
+        data; the last chunk wraps around and its repeated rows are dropped)."""
+        rows_fn, fixed_fn = self._full_pass_functions
+        total, n = self.total_rows, self.batch_size
+        force = np.array(fixed_fn(theta), dtype=float)
+        for start in range(0, total, n):
+            chunk = np.arange(start, start + n) % total
+            rows = rows_fn(theta, *([chunk] * len(self.sources)))  # each (N/n) g_i
+            force += rows[: min(n, total - start)].sum(axis=0) * (n / total)
+        return force
+
+    @property
+    def total_rows(self) -> int:
+        """N, the rows every ``pm.Minibatch`` draws from (a full pass needs one N)."""
+        totals = {s.total_size for s in self.sources}
+        if len(totals) != 1:
+            raise ModelError(
+                "control variates need every pm.Minibatch over the same number of rows, got "
+                f"{sorted(totals)}"
+            )
+        return totals.pop()
+
+    @cached_property
+    def _full_pass_functions(self):
+        kwargs = dict(on_unused_input="ignore")
+        rows_fn = pytensor.function(
+            [self.theta, *self.indices], self.per_observation_gradients, **kwargs
         )
+        fixed_fn = pytensor.function([self.theta], self.fixed_force, **kwargs)
+        return rows_fn, fixed_fn
 
     def exact_noise_covariance(self, theta: Variable) -> DenseCovariance:
         """The full-data covariance Sigma(theta) = (N^2/n) Cov_i g_i(theta) of the minibatch
@@ -495,6 +548,7 @@ class SGModel:
         rng: np.random.Generator,
         batches: int = 4,
         iterations: int = 20,
+        anchor: np.ndarray | None = None,
     ) -> tuple[float, float]:
         """The two numbers a step size is chosen from, in the coordinates phi = theta / scale.
 
@@ -505,13 +559,15 @@ class SGModel:
         Hessian-vector products (``iterations`` of them) and on the per-observation gradients:
         a few dozen gradient evaluations, never a D x D matrix. ``noise`` is 0 without
         ``pm.Minibatch``; either value is nan where the model is not finite at ``theta``.
+        With an ``anchor``, the noise is that of the control-variate force (the spread of
+        g_i(theta) - g_i(anchor)).
         """
         _, rows_fn = self._geometry_functions
         batch_idx = self._batch_indices(rng, batches)
         curvature = self._largest_curvature(theta, scale, rng, batch_idx, iterations)
         if rows_fn is None:
             return curvature, 0.0
-        rows = [rows_fn(theta, *ix) * scale for ix in batch_idx]
+        rows = [self._noise_rows(theta, ix, anchor) * scale for ix in batch_idx]
         if self.batch_size == 1:
             # One row per minibatch has no spread of its own: Sigma of a one-row minibatch is
             # the covariance of single (N-scaled) rows, estimated from the batches' rows.
@@ -526,6 +582,13 @@ class SGModel:
 
             noise.append(_power_iteration(sigma, rng.standard_normal(self.dim), iterations))
         return curvature, float(np.mean(noise))
+
+    def _noise_rows(self, theta: np.ndarray, ix, anchor: np.ndarray | None) -> np.ndarray:
+        """The rows whose spread is the force's noise: g_i(theta), or g_i(theta) - g_i(anchor)
+        with control variates (each scaled by N/n)."""
+        _, rows_fn = self._geometry_functions
+        rows = rows_fn(theta, *ix)
+        return rows if anchor is None else rows - rows_fn(anchor, *ix)
 
     def largest_curvature(
         self, theta: np.ndarray, scale: np.ndarray, rng: np.random.Generator, batches: int = 2
@@ -546,16 +609,17 @@ class SGModel:
         rng: np.random.Generator,
         batches: int = 2,
         target: str = "identity",
+        anchor: np.ndarray | None = None,
     ) -> float:
         """The shrinkage intensity towards ``target`` for the minibatch estimate of
         S Sigma S, pooled over ``batches`` minibatches at each of ``points``: the ratio of the
         averaged statistics of :func:`ledoit_wolf_statistics`, clipped to [0, 1]. 0 without
-        ``pm.Minibatch``."""
+        ``pm.Minibatch``. ``anchor``: as in :meth:`local_geometry`."""
         _, rows_fn = self._geometry_functions
         if rows_fn is None:
             return 0.0
         stats = [
-            ledoit_wolf_statistics(rows_fn(theta, *ix) * scale, target)
+            ledoit_wolf_statistics(self._noise_rows(theta, ix, anchor) * scale, target)
             for theta in points
             for ix in self._batch_indices(rng, batches)
         ]
@@ -1142,6 +1206,22 @@ def ledoit_wolf_statistics(rows: np.ndarray, target: str = "identity") -> tuple[
     return max(beta2, 0.0), max(delta2, 0.0)
 
 
+@dataclass(frozen=True)
+class ControlVariate:
+    r"""The control-variate force of Baker, Fearnhead, Fox & Nemeth (2019, eq. 4),
+
+    .. math:: \tilde F_{cv}(\theta) = F(\hat\theta) + \tilde F(\theta) - \tilde F(\hat\theta),
+
+    with :math:`F(\hat\theta)` the exact (full-data) force at an anchor and both minibatch
+    forces on the same rows: unbiased, and its noise, the spread of
+    :math:`g_i(\theta) - g_i(\hat\theta)`, vanishes as :math:`\theta \to \hat\theta`
+    instead of staying at the data's spread. Symbolic anchor and anchor force, in theta.
+    """
+
+    anchor: Variable
+    anchor_force: Variable
+
+
 class ScaledTarget:
     """The model in the coordinates phi = theta / scale: a diagonal preconditioner.
 
@@ -1152,23 +1232,32 @@ class ScaledTarget:
     ``scale`` is a symbolic input, so a new preconditioner needs no recompilation.
     """
 
-    def __init__(self, model: SGModel, scale: Variable, shrinkage: Variable):
+    def __init__(
+        self,
+        model: SGModel,
+        scale: Variable,
+        shrinkage: Variable,
+        control: ControlVariate | None = None,
+    ):
         self.model = model
         self.scale = scale
         self.shrinkage = shrinkage  # for the samplers' noise_shrinkage option
+        self.control = control  # control variates (in theta), or None
 
     def position(self, phi: Variable) -> Variable:
         """theta for the coordinates phi."""
         return self.scale * phi
 
     def force_and_logp(self, phi: Variable, indices: Sequence[Variable]):
-        force, logp = self.model.force_and_logp(self.position(phi), indices)
+        force, logp = self.model.force_and_logp(self.position(phi), indices, self.control)
         return self.scale * force, logp
 
     def force_logp_and_noise(
         self, phi: Variable, indices: Sequence[Variable], optional: bool = False
     ):
-        force, logp, sigma = self.model.force_logp_and_noise(self.position(phi), indices, optional)
+        force, logp, sigma = self.model.force_logp_and_noise(
+            self.position(phi), indices, optional, self.control
+        )
         return self.scale * force, logp, sigma.scaled(self.scale)
 
     def exact_noise_covariance(self, phi: Variable) -> DenseCovariance:

@@ -74,6 +74,10 @@ SAMPLERS = {
     "MCCAdL-shrinkage": lambda **kw: MCCAdL(
         step_size=0.01, noise_shrinkage=0.3, noise_shrinkage_target="diagonal", **kw
     ),
+    # Control variates: the anchor and its exact force as kernel inputs, a second minibatch
+    # gradient (and, for NOGIN, per-observation gradients) at the anchor.
+    "SGLD-control": lambda **kw: SGLD(step_size=0.01, control_variates=True, **kw),
+    "NOGIN-control": lambda **kw: NOGIN(step_size=0.01, control_variates=True, **kw),
 }
 
 

@@ -7,7 +7,7 @@ import pytensor.tensor as pt
 import pytest
 from models import GaussianRegression
 
-from pymc_sgmcmc.model_layer import ModelError, SGModel
+from pymc_sgmcmc.model_layer import ControlVariate, ModelError, SGModel
 
 
 def compile_layer(sg: SGModel):
@@ -37,6 +37,39 @@ def test_force_scales_minibatch_by_n_over_N_exactly_once():
     loglik = -0.5 * resid**2 - 0.5 * np.log(2 * np.pi)
     logprior = -0.5 * theta**2 / 100 - 0.5 * np.log(2 * np.pi * 100)
     np.testing.assert_allclose(logp, logprior.sum() + 10 * loglik.sum(), rtol=1e-10)
+
+
+def test_control_variate_force_is_exact_at_the_anchor_and_unbiased_elsewhere():
+    # Baker et al.'s F(anchor) + F~(theta) - F~(anchor): the full-data force at the anchor
+    # for every minibatch; averaged over minibatches that partition the data, the full-data
+    # force anywhere; its noise covariance the spread of g_i(theta) - g_i(anchor).
+    problem = GaussianRegression.make(n_obs=400, dim=3, batch_size=40)
+    with problem.model() as model:
+        sg = SGModel(model, model.value_vars)
+    rng = np.random.default_rng(2)
+    anchor, theta = rng.standard_normal(3), rng.standard_normal(3)
+
+    def exact_force(w):
+        return -w / problem.prior_sd**2 + problem.per_observation_gradients(w).sum(0)
+
+    np.testing.assert_allclose(sg.full_data_force(anchor), exact_force(anchor), rtol=1e-10)
+    with GaussianRegression.make(n_obs=400, dim=3, batch_size=30).model() as uneven:
+        # 400 rows in chunks of 30: the last chunk wraps around, its repeats dropped.
+        force = SGModel(uneven, uneven.value_vars).full_data_force(anchor)
+        np.testing.assert_allclose(force, exact_force(anchor), rtol=1e-10)
+    control = ControlVariate(pt.vector("anchor"), pt.vector("anchor_force"))
+    force, _, noise = sg.force_logp_and_noise(sg.theta, sg.indices, control=control)
+    inputs = [sg.theta, *sg.indices, control.anchor, control.anchor_force]
+    fn = pytensor.function(inputs, [force, noise.dense()], mode="FAST_COMPILE")
+    chunks = np.arange(400).reshape(10, 40)
+    at_anchor = [fn(anchor, idx, anchor, exact_force(anchor))[0] for idx in chunks[:3]]
+    np.testing.assert_allclose(at_anchor, [exact_force(anchor)] * 3, rtol=1e-10)
+    forces, covs = zip(
+        *(fn(theta, idx, anchor, exact_force(anchor)) for idx in chunks), strict=True
+    )
+    np.testing.assert_allclose(np.mean(forces, axis=0), exact_force(theta), rtol=1e-10)
+    g = problem.per_observation_gradients(theta) - problem.per_observation_gradients(anchor)
+    np.testing.assert_allclose(covs[0], 400**2 / 40 * np.cov(g[chunks[0]].T), rtol=1e-10)
 
 
 def transformed_model(n_obs=60, batch=12, seed=3):
@@ -381,3 +414,12 @@ def test_subset_of_variables_is_rejected():
         pm.Normal("b", a)
     with pytest.raises(ModelError, match=r"\['b'\] were left out"):
         SGModel(model, [model.rvs_to_values[a]])
+
+
+def test_control_variates_need_one_number_of_rows():
+    # Its two pm.Minibatch calls draw from 60 and 120 rows: no single full pass.
+    from pymc_sgmcmc import SGLD
+
+    with transformed_model():
+        with pytest.raises(ModelError, match="same number of rows"):
+            SGLD(step_size=1e-3, control_variates=True)

@@ -227,6 +227,24 @@ def test_full_batch_model_samples_exact_gaussian():
     assert check.passes(), check.describe()
 
 
+def test_control_variates_lift_the_noise_cap_and_keep_the_exact_posterior():
+    # N / n = 500: SGLD's adapted step size is held down by the gradient noise, about
+    # 4 alpha / sigma^2_max. With control variates the noise is the spread of
+    # g_i(theta) - g_i(anchor), small near the anchor (the end of tuning), so the step size is
+    # set by the curvature, and the draws still follow the exact Gaussian posterior.
+    problem = GaussianRegression.make(n_obs=10_000, dim=3, batch_size=20)
+    with problem.model():
+        plain, controlled = SGLD(), SGLD(control_variates=True)
+        pm.sample(draws=10, tune=300, step=plain, chains=1, random_seed=3, **SAMPLE_KWARGS)
+        idata = pm.sample(
+            draws=2000, tune=300, step=controlled, chains=2, random_seed=3, **SAMPLE_KWARGS
+        )
+    assert controlled.step_size > 20 * plain.step_size, (controlled.step_size, plain.step_size)
+    assert not idata.sample_stats["diverging"].values.any()
+    check = gaussian_check(posterior_draws(idata, "w"), problem.mean, problem.cov)
+    assert check.passes(), check.describe()
+
+
 # --------------------------------------------------------------------------- divergences
 def test_divergence_is_flagged_and_never_returned_as_nan():
     problem = small_problem()
@@ -338,6 +356,10 @@ def test_sgld_and_sgnht_sample_one_row_minibatches():
         (
             lambda: NOGIN(step_size=1e-3, noise_covariance="exact", averaging=0.1),
             "apply to the estimated covariance only",
+        ),
+        (
+            lambda: NOGIN(step_size=1e-3, noise_covariance="exact", control_variates=True),
+            "cannot be combined with control_variates",
         ),
     ],
 )

@@ -168,6 +168,9 @@ class NOGIN(SGMCMC):
             )
         if noise_covariance == "exact" and (noise_shrinkage, averaging) != (None, None):
             raise ValueError("noise_shrinkage and averaging apply to the estimated covariance only")
+        if noise_covariance == "exact" and kwargs.get("control_variates"):
+            # The exact Sigma is that of the plain minibatch force, not of the control variate.
+            raise ValueError("noise_covariance='exact' cannot be combined with control_variates")
         self.solver = solver
         self.noise_covariance = noise_covariance
         super().__init__(vars, **kwargs)
