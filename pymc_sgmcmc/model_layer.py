@@ -671,6 +671,7 @@ class SGModel:
         # Compiled helpers are rebuilt where needed (pickled to worker processes).
         state = self.__dict__.copy()
         state.pop("_geometry_functions", None)
+        state.pop("_full_pass_functions", None)
         return state
 
     def draw_indices(self, rng: np.random.Generator, steps: int) -> list[np.ndarray]:

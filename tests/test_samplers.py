@@ -145,10 +145,12 @@ def small_problem():
     return GaussianRegression.make(n_obs=500, dim=2, batch_size=50)
 
 
-def test_same_seed_same_draws_whatever_cores():
+@pytest.mark.parametrize("control_variates", [False, True], ids=["plain", "control-variates"])
+def test_same_seed_same_draws_whatever_cores(control_variates):
+    # With control variates the reused step also carries its anchor's compiled full pass.
     problem = small_problem()
     with problem.model():
-        step = SGNHT(step_size=1e-3, friction=5.0)
+        step = SGNHT(step_size=1e-3, friction=5.0, control_variates=control_variates)
         kwargs = dict(draws=200, tune=50, step=step, chains=2, random_seed=7, **SAMPLE_KWARGS)
         one = pm.sample(cores=1, **kwargs)
         # forkserver: the worker processes do not inherit this process's threads (JAX's, when
