@@ -75,8 +75,8 @@ class Setting:
 #: the paper's frictions and 100 passes (at 20 every curve was still falling steeply);
 #: connect-4 at A = 1 and 20 passes.
 SETTINGS = [
-    Setting("letter", 100, 2e-2, 1.0, 300),
-    Setting("letter", 100, 2e-2, 10.0, 300),
+    Setting("letter", 100, 2e-2, 1.0, 100),
+    Setting("letter", 100, 2e-2, 10.0, 100),
     Setting("connect4", 20, 3e-3, 1.0, 20),
 ]
 #: mCCAdL paper, Table 3, letter, h = 2e-2: posterior expected log loss (A = 1, A = 10).
