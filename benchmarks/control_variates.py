@@ -13,12 +13,8 @@ Run: ``python benchmarks/control_variates.py [--output FILE]`` (about 8 minutes)
 
 from __future__ import annotations
 
-import argparse
-import platform
 import time
 import warnings
-from datetime import UTC, datetime
-from pathlib import Path
 
 import single_thread  # noqa: F401  (before NumPy: one thread per runtime)
 
@@ -27,6 +23,7 @@ import single_thread  # noqa: F401  (before NumPy: one thread per runtime)
 import numpy as np
 import pymc as pm
 from problems import make_problem, reference
+from report import header, output_path, write
 from suite import run_nuts, run_nuts_projected, time_to_result
 
 import pymc_sgmcmc as sg
@@ -76,16 +73,12 @@ def run(problem, ref, cls, control: bool, seed: int = 1) -> dict:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--output", default=None, help="also write the Markdown table here")
-    args = parser.parse_args()
+    output = output_path(__doc__)
     lines = [
-        "# Control variates (`benchmarks/control_variates.py`)",
-        "",
-        f"- date: {datetime.now(UTC):%Y-%m-%d %H:%M} UTC; machine: {platform.platform()}, "
-        f"{platform.processor() or 'cpu'}; pymc {pm.__version__}; one thread per runtime",
+        *header("Control variates (`benchmarks/control_variates.py`)"),
         "- each run: `pm.sample(step=..., chains=1)` with the defaults (1,000 tuning + 1,000 "
-        "draws, adapted step size / preconditioner / thin), from the model's initial point",
+        "draws, adapted step size / preconditioner / thin), from the model's initial point; "
+        "one thread per runtime",
         "",
         "| problem | sampler | control variates | time to result (s) | total (s) | final mean "
         "/ var error | step size (preconditioned) | thin | diverging | NUTS time / this |",
@@ -124,10 +117,7 @@ def main() -> None:
         )
         print(lines[-1], flush=True)
     lines += ["", "NUTS notes: " + "; ".join(f"{k}: {n.note}" for k, n in nuts.items())]
-    text = "\n".join(lines) + "\n"
-    print(text)
-    if args.output:
-        Path(args.output).write_text(text)
+    write(lines, output)
 
 
 if __name__ == "__main__":

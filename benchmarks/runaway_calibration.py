@@ -12,11 +12,6 @@ Run: ``python benchmarks/runaway_calibration.py [--output FILE]`` (about 3 minut
 
 from __future__ import annotations
 
-import argparse
-import platform
-from datetime import UTC, datetime
-from pathlib import Path
-
 import single_thread  # noqa: F401  (before NumPy: one thread per runtime)
 
 # isort: split
@@ -24,6 +19,7 @@ import single_thread  # noqa: F401  (before NumPy: one thread per runtime)
 import numpy as np
 import pymc as pm
 from problems import make_problem, reference
+from report import header, output_path, write
 
 import pymc_sgmcmc as sg
 from pymc_sgmcmc import runaway
@@ -79,14 +75,9 @@ def cases():
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--output", default=None, help="also write the Markdown table here")
-    args = parser.parse_args()
+    output = output_path(__doc__)
     lines = [
-        "# Runaway-check calibration (`benchmarks/runaway_calibration.py`)",
-        "",
-        f"- date: {datetime.now(UTC):%Y-%m-%d %H:%M} UTC; machine: {platform.platform()}; "
-        f"pymc {pm.__version__}",
+        *header("Runaway-check calibration (`benchmarks/runaway_calibration.py`)"),
         f"- allowed: running median {runaway.SPREADS:g} spreads, single step "
         f"{runaway.EXTREME:g} margins; {DRAWS:,} kept steps per chain, {BLOCK:,}-step blocks",
         "",
@@ -109,10 +100,7 @@ def main() -> None:
                 f"{diverging} |"
             )
             print(lines[-1], flush=True)
-    text = "\n".join(lines) + "\n"
-    print(text)
-    if args.output:
-        Path(args.output).write_text(text)
+    write(lines, output)
 
 
 if __name__ == "__main__":

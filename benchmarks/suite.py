@@ -43,7 +43,6 @@ import argparse
 import json
 import logging
 import os
-import platform
 import subprocess
 import sys
 import tempfile
@@ -62,6 +61,7 @@ HERE = Path(__file__).parent
 sys.path.insert(0, str(HERE))
 
 from problems import PROBLEMS, Problem, Reference, make_problem, reference  # noqa: E402
+from report import load_average, machine, versions  # noqa: E402
 
 SAMPLERS = ("SGLD", "mSGLD", "SGHMC", "SGNHT", "CCAdL", "mCCAdL", "NOGIN")
 MEAN_TOL, VAR_TOL = 0.1, 0.1
@@ -506,37 +506,6 @@ def run_nuts_projected(problem: Problem, ref: Reference, tune: int, draws: int, 
 
 
 # ---------------------------------------------------------------------- machine
-def machine() -> dict[str, str]:
-    cpu = platform.processor() or platform.machine()
-    try:
-        with open("/proc/cpuinfo") as f:
-            names = [line.split(":", 1)[1].strip() for line in f if line.startswith("model name")]
-        cpu = names[0] if names else cpu
-    except OSError:
-        pass
-    return {"cpu": cpu, "cores": str(os.cpu_count()), "platform": platform.platform()}
-
-
-def versions() -> dict[str, str]:
-    import importlib.metadata as md
-
-    out = {"python": platform.python_version()}
-    for pkg in ("pymc", "pytensor", "numpy", "numba", "arviz", "scipy", "jax", "jaxlib"):
-        try:
-            out[pkg] = md.version(pkg)
-        except md.PackageNotFoundError:
-            out[pkg] = "not installed"
-    try:
-        out["blackjax"] = md.version("blackjax")
-    except md.PackageNotFoundError:
-        out["blackjax"] = "not installed"
-    return out
-
-
-def load_average() -> str:
-    return ", ".join(f"{x:.2f}" for x in os.getloadavg())
-
-
 # ---------------------------------------------------------------------- orchestration
 def compare(a: Reference, b: Reference) -> tuple[float, float]:
     """Moment errors of ``a`` measured against ``b`` (as for draws)."""

@@ -1,0 +1,70 @@
+"""What every benchmark's results file starts with, and how the scripts write it."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+from datetime import UTC, datetime
+from pathlib import Path
+
+__all__ = ["header", "load_average", "machine", "output_path", "versions", "write"]
+
+
+def machine() -> dict[str, str]:
+    cpu = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo") as f:
+            names = [line.split(":", 1)[1].strip() for line in f if line.startswith("model name")]
+        cpu = names[0] if names else cpu
+    except OSError:
+        pass
+    return {"cpu": cpu, "cores": str(os.cpu_count()), "platform": platform.platform()}
+
+
+def versions() -> dict[str, str]:
+    import importlib.metadata as md
+
+    out = {"python": platform.python_version()}
+    for pkg in ("pymc", "pytensor", "numpy", "numba", "arviz", "scipy", "jax", "jaxlib"):
+        try:
+            out[pkg] = md.version(pkg)
+        except md.PackageNotFoundError:
+            out[pkg] = "not installed"
+    try:
+        out["blackjax"] = md.version("blackjax")
+    except md.PackageNotFoundError:
+        out["blackjax"] = "not installed"
+    return out
+
+
+def load_average() -> str:
+    return ", ".join(f"{x:.2f}" for x in os.getloadavg())
+
+
+def header(title: str) -> list[str]:
+    """The title, then date, machine, load and versions (one bullet each)."""
+    m = machine()
+    return [
+        f"# {title}",
+        "",
+        f"- date: {datetime.now(UTC):%Y-%m-%d %H:%M} UTC",
+        f"- machine: {m['cpu']}, {m['cores']} cores, {m['platform']}; load average (1, 5, "
+        f"15 min) at the start: {load_average()}",
+        "- versions: " + ", ".join(f"{name} {v}" for name, v in versions().items()),
+    ]
+
+
+def output_path(doc: str) -> Path | None:
+    """The ``--output FILE`` option of a benchmark script whose docstring is ``doc``."""
+    parser = argparse.ArgumentParser(description=doc.splitlines()[0])
+    parser.add_argument("--output", type=Path, default=None, help="also write the table here")
+    return parser.parse_args().output
+
+
+def write(lines: list[str], output: Path | None) -> None:
+    """Print the report, and write it to ``output`` when given."""
+    text = "\n".join(lines) + "\n"
+    print(text)
+    if output is not None:
+        output.write_text(text)
