@@ -204,7 +204,7 @@ def plot_heatmaps(results, batches, windows_epochs, samplers, path: Path) -> Pat
     )
     finite = [np.log10(m) for r in results.values() for m in [r["mse"]] if np.isfinite(m).any()]
     vmin = min(np.nanmin(f) for f in finite)
-    vmax = min(max(np.nanmax(f) for f in finite), 0.0)
+    vmax = min(max(np.nanmax(f) for f in finite), max(0.0, vmin + 1.0))
     image = None
     for ax, sampler in zip(axes.flat, samplers, strict=False):
         grid = np.array([np.log10(results[(sampler, b)]["mse"]) for b in batches])
