@@ -17,8 +17,6 @@ Run: ``.venv/bin/python benchmarks/covariance.py [cost] [accuracy]`` (default bo
 
 from __future__ import annotations
 
-import os
-import platform
 import sys
 import time
 import warnings
@@ -31,6 +29,7 @@ HERE = Path(__file__).parent
 sys.path.insert(0, str(HERE.parent / "tests"))
 
 from models import GaussianRegression  # noqa: E402
+from report import header  # noqa: E402
 from scipy.linalg import sqrtm  # noqa: E402
 
 from pymc_sgmcmc import MSGLD, NOGIN, SGHMC, SGLD, SGNHT, CCAdL, MCCAdL  # noqa: E402
@@ -162,16 +161,8 @@ def accuracy_table(lines):
 
 
 def main():
-    import pytensor
-
     lines = [
-        "# Covariance-controlled samplers (`benchmarks/covariance.py`)",
-        "",
-        f"- date: {time.strftime('%Y-%m-%d')}; machine: {platform.machine()}, 2 cores",
-        f"- versions: pymc {pm.__version__}, pytensor {pytensor.__version__}, "
-        f"numpy {np.__version__}",
-        "- load average (1, 5, 15 min) at the start: "
-        + ", ".join(f"{x:.1f}" for x in os.getloadavg()),
+        *header("Covariance-controlled samplers (`benchmarks/covariance.py`)"),
         "",
         "All chains start at the exact posterior mean, not at theta = 0 as in the papers (the",
         "Taylor C step of mCCAdL is prohibitively expensive in the transient from theta = 0).",

@@ -26,15 +26,12 @@ def versions() -> dict[str, str]:
     import importlib.metadata as md
 
     out = {"python": platform.python_version()}
-    for pkg in ("pymc", "pytensor", "numpy", "numba", "arviz", "scipy", "jax", "jaxlib"):
+    packages = ("pymc", "pytensor", "numpy", "numba", "arviz", "scipy", "jax", "jaxlib", "blackjax")
+    for pkg in packages:
         try:
             out[pkg] = md.version(pkg)
         except md.PackageNotFoundError:
             out[pkg] = "not installed"
-    try:
-        out["blackjax"] = md.version("blackjax")
-    except md.PackageNotFoundError:
-        out["blackjax"] = "not installed"
     return out
 
 

@@ -44,7 +44,7 @@ def replay(logps: np.ndarray) -> tuple[float, float, int]:
             worst_single = max(worst_single, (typical - block.min()) / margin)
             flagged += int(runaway.runaway_flags(block, medians, typical, spreads).any())
         typical = runaway.updated_reference(typical, spreads, block, medians)
-        history = np.concatenate([history, block])[1 - runaway.WINDOW :]
+        history = runaway.trailing_history(history, block)
     return worst_median, worst_single, flagged
 
 

@@ -49,7 +49,12 @@ from pymc_sgmcmc.model_layer import (
     SGModel,
     moving_average,
 )
-from pymc_sgmcmc.runaway import WINDOW, runaway_flags, running_medians, updated_reference
+from pymc_sgmcmc.runaway import (
+    runaway_flags,
+    running_medians,
+    trailing_history,
+    updated_reference,
+)
 
 __all__ = ["SGMCMC", "SGMCMCState", "Step", "Thermostatted", "positive"]
 
@@ -809,7 +814,7 @@ class SGMCMC(ArrayStepShared):
             self.typical_logp = updated_reference(
                 self.typical_logp, self.logp_spreads, logps, medians
             )
-            self.logp_history = np.concatenate([self.logp_history, logps])[1 - WINDOW :]
+            self.logp_history = trailing_history(self.logp_history, logps)
             if self.block_cap is not None:
                 self.block_cap = (
                     None

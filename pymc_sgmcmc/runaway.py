@@ -28,6 +28,7 @@ __all__ = [
     "runaway_flags",
     "running_medians",
     "spread",
+    "trailing_history",
     "updated_reference",
 ]
 
@@ -68,6 +69,12 @@ def running_medians(logps: np.ndarray, history: np.ndarray) -> np.ndarray:
         medians = np.median(windows, axis=1)
     medians = np.concatenate([np.full(WINDOW - 1, medians[0]), medians])
     return medians[len(history) :]
+
+
+def trailing_history(history: np.ndarray, logps: np.ndarray) -> np.ndarray:
+    """The last ``WINDOW - 1`` values of ``history`` followed by ``logps``: what the next
+    block's first running medians reach back into."""
+    return np.concatenate([history, logps])[1 - WINDOW :]
 
 
 def spread(medians: np.ndarray) -> float:
