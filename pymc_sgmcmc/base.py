@@ -40,6 +40,7 @@ from rich.progress import TextColumn
 from rich.table import Column
 
 from pymc_sgmcmc.adaptation import WindowVariance, adaptation_boundaries
+from pymc_sgmcmc.gather_dot import with_gather_dot
 from pymc_sgmcmc.model_layer import (
     SHRINKAGE_TARGETS,
     ControlVariate,
@@ -480,6 +481,7 @@ class SGMCMC(ArrayStepShared):
     def _function(self, inputs, outputs, kwargs):
         # PyMC's compile turns the logp's parameter checks into -inf instead of exceptions, so
         # that a run-away chain is caught as a divergence.
+        kwargs = {**kwargs, "mode": with_gather_dot(kwargs.get("mode"))}
         with self.sg_model.model:
             return compile_pymc(inputs, outputs, random_seed=False, **kwargs)
 

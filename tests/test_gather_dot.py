@@ -1,0 +1,100 @@
+"""The fused minibatch products compute exactly what the gather and the product compute.
+
+``GatherDot(X, idx, B)`` is ``X[idx] @ B`` and ``GatherTDot(X, idx, R)`` is ``X[idx].T @ R``
+(NumPy's indexing rules included), the rewrite puts them only where that identity holds, and
+a sampler's chain is the same with and without them (up to the order of a floating-point sum).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pymc as pm
+import pytensor
+import pytensor.tensor as pt
+import pytest
+from models import GaussianRegression
+from pytensor.scan.op import Scan
+
+import pymc_sgmcmc.base as base
+from pymc_sgmcmc import SGLD
+from pymc_sgmcmc.gather_dot import GatherDot, GatherTDot, with_gather_dot
+
+NUMBA = with_gather_dot(pytensor.compile.mode.get_mode("NUMBA"))
+
+
+def fused_ops(fn) -> set[str]:
+    """Names of the fused ops in a compiled function, inner scan graphs included."""
+    found = set()
+    for node in fn.maker.fgraph.apply_nodes:
+        nodes = node.op.fgraph.apply_nodes if isinstance(node.op, Scan) else [node]
+        found |= {type(n.op).__name__ for n in nodes if isinstance(n.op, GatherDot | GatherTDot)}
+    return found
+
+
+@pytest.mark.parametrize("dtype", ["float64", "float32"])
+@pytest.mark.parametrize("n, k", [(7, 1), (8, 3), (1, 2)])
+def test_fused_products_equal_gather_then_product(dtype, n, k):
+    rng = np.random.default_rng(0)
+    X = rng.standard_normal((50, 9)).astype(dtype)
+    idx = rng.integers(-50, 50, size=n)  # NumPy's negative indices count from the end
+    B = rng.standard_normal((9, k)).astype(dtype)
+    R = rng.standard_normal((n, k)).astype(dtype)
+    x, b, r = (pt.matrix(dtype=dtype) for _ in range(3))
+    i = pt.vector(dtype="int64")
+    outputs = [GatherDot()(x, i, b), GatherTDot()(x, i, r)]
+    tol = 1e-12 if dtype == "float64" else 1e-4
+    for mode in ("NUMBA", "FAST_COMPILE"):  # the numba kernels and the NumPy perform
+        dot, tdot = pytensor.function([x, i, b, r], outputs, mode=mode)(X, idx, B, R)
+        assert dot.dtype == tdot.dtype == dtype
+        np.testing.assert_allclose(dot, X[idx] @ B, rtol=tol, atol=tol)
+        np.testing.assert_allclose(tdot, X[idx].T @ R, rtol=tol, atol=tol)
+
+
+def test_out_of_bounds_rows_raise():
+    x, i, b = pt.matrix(), pt.vector(dtype="int64"), pt.matrix()
+    fn = pytensor.function([x, i, b], GatherDot()(x, i, b), mode="NUMBA")
+    with pytest.raises(IndexError):
+        fn(np.ones((5, 2)), np.array([0, 5]), np.ones((2, 1)))
+
+
+def test_rewrite_replaces_the_products_of_a_minibatch_and_its_gradient():
+    X = np.random.default_rng(1).standard_normal((40, 6))
+    idx, w = pt.vector("idx", dtype="int64", shape=(10,)), pt.vector("w", shape=(6,))
+    data = pytensor.shared(X)
+    logp = -0.5 * pt.sum((data[idx] @ w) ** 2)
+    outputs = [logp, pt.grad(logp, w)]
+    fused = pytensor.function([idx, w], outputs, mode=NUMBA)
+    plain = pytensor.function([idx, w], outputs, mode="NUMBA")
+    assert fused_ops(fused) == {"GatherDot", "GatherTDot"}
+    assert fused_ops(plain) == set()  # off unless a mode includes it
+    args = (np.arange(10) * 3, np.linspace(-1, 1, 6))
+    for got, expected in zip(fused(*args), plain(*args), strict=True):
+        np.testing.assert_allclose(got, expected, rtol=1e-12)
+    # Gathering along another axis is not the pattern.
+    other = pytensor.function([idx, w], data.T[:, idx[:6]] @ w, mode=NUMBA)
+    assert fused_ops(other) == set()
+
+
+def test_sampler_chain_is_the_same_with_and_without_the_fused_products(monkeypatch):
+    problem = GaussianRegression.make(n_obs=500, dim=3, batch_size=50)
+
+    def draws():
+        with problem.model():
+            step = SGLD(step_size=1e-4, thin=5)
+            idata = pm.sample(
+                draws=300,
+                tune=0,
+                chains=1,
+                step=step,
+                random_seed=3,
+                progressbar=False,
+                compute_convergence_checks=False,
+            )
+        return step, idata.posterior["w"].values[0]
+
+    step, fused = draws()
+    assert fused_ops(step._block_function(None)[0]) == {"GatherDot", "GatherTDot"}
+    monkeypatch.setattr(base, "with_gather_dot", lambda mode: mode)
+    step, plain = draws()
+    assert fused_ops(step._block_function(None)[0]) == set()
+    np.testing.assert_allclose(fused, plain, rtol=0, atol=1e-9)
