@@ -10,7 +10,9 @@ Three measurements, each printed as a markdown table (``--output`` also writes t
   process, so that other processes on a shared machine inflate it less than wall time
   (they still share the caches and memory bandwidth);
 * ``cores``: steady draws/s of ``pm.sample`` with one chain on one core and two chains on
-  two cores (wall time: parallelism is the point), alternated twice, with the main
+  two cores (wall time: parallelism is the point), for cheap draws (``--thin`` steps at a
+  fixed step size) and for the default ``SGLD()`` (adapted step size and thin; a draw is
+  then hundreds of steps), alternated twice, with the main
   process's CPU time per draw (with ``cores=2`` it unpickles and records every draw of both
   chains, serially);
 * ``first-draw``: wall (and CPU) time from constructing the step and calling ``pm.sample``
@@ -64,11 +66,22 @@ def cpu_us_per_step(run, steps: int, repeats: int) -> float:
     return min(times) / steps * 1e6
 
 
-def block_cost(problem: Problem, name: str, thin: int, repeats: int) -> tuple[float, float]:
+def block_cost(
+    problem: Problem, name: str, thin: int, repeats: int, fused: bool = True
+) -> tuple[float, float]:
     """µs/step of ``_fill_buffer`` (block plus index/noise generation) and of the generation
-    alone, after a first (compiling) block."""
+    alone, after a first (compiling) block; ``fused=False`` compiles the block without the
+    fused minibatch products (:mod:`pymc_sgmcmc.gather_dot`)."""
+    import pymc_sgmcmc.base as base
+
     with problem.model():
         step = make_step(name, thin)
+    if not fused:
+        original, base.with_gather_dot = base.with_gather_dot, lambda mode: mode
+        try:
+            step._block_function(None)
+        finally:
+            base.with_gather_dot = original
     step.setup_chain(np.random.default_rng(0), tune=0, draws=10**9)
     theta = problem.initial_point()
     step._fill_buffer(theta)
@@ -117,40 +130,51 @@ def steps_table(problems: list[str], thin: int, repeats: int) -> list[str]:
         f"{thin}; SGNHT with h = {STEP_SIZES['SGNHT']:g}, SGLD with eps = "
         f"{STEP_SIZES['SGLD']:g})",
         "",
-        "| problem | SGLD block | SGNHT block | of which indices + noise (NumPy) | "
-        "numba reference SGLD loop (gather + 2 BLAS products, no RNG) |",
-        "| --- | --- | --- | --- | --- |",
+        "| problem | SGLD block | SGLD block without the fused products | SGNHT block | of which "
+        "indices + noise (NumPy) | numba reference SGLD loop (gather + 2 BLAS products, no RNG) |",
+        "| --- | --- | --- | --- | --- | --- |",
     ]
     for key in problems:
         problem = make_problem(key)
         sgld, generation = block_cost(problem, "SGLD", thin, repeats)
+        unfused, _ = block_cost(problem, "SGLD", thin, repeats, fused=False)
         sgnht, _ = block_cost(problem, "SGNHT", thin, repeats)
         floor = reference_loop_cost(problem, 1000, repeats)
         floor_s = "-" if floor is None else f"{floor:.1f}"
-        lines.append(f"| {key} | {sgld:.1f} | {sgnht:.1f} | {generation:.1f} | {floor_s} |")
+        lines.append(
+            f"| {key} | {sgld:.1f} | {unfused:.1f} | {sgnht:.1f} | {generation:.1f} | {floor_s} |"
+        )
         print(lines[-1], flush=True)
     return lines
 
 
 def draws_per_second(
-    problem: Problem, chains: int, cores: int, thin: int, draws: int
-) -> tuple[float, float]:
-    """Steady draws/s of all chains together, and this (main) process's CPU µs per draw:
-    over the last three quarters of the run (after every worker compiled and served its
-    first block). With cores > 1 the main process receives every draw through a pipe and
-    records it, serially for all chains."""
+    problem: Problem, chains: int, cores: int, thin: int | None, draws: int
+) -> tuple[float, float, float, list[int]]:
+    """Steady draws/s and integrator steps/s of all chains together, this (main) process's
+    CPU µs per draw, and the thins seen: over the last three quarters of the stored draws
+    (after every worker compiled and served its first block). ``thin`` None: the default
+    sampler (``SGLD()``: step size adapted in :data:`DEFAULT_TUNE` tuning draws, thin = its
+    relaxation time, which can differ between chains); tuning draws are not counted. With
+    cores > 1 the main process receives every draw through a pipe and records it, serially
+    for all chains."""
     import pymc as pm
 
+    import pymc_sgmcmc as sg
+
     times: list[tuple[float, float]] = []
+    thins: list[int] = []
 
     def record(trace, draw):
-        times.append((time.perf_counter(), time.process_time()))
+        if not draw.tuning:
+            times.append((time.perf_counter(), time.process_time()))
+            thins.append(int(draw.stats[0]["thin"]))
 
     with problem.model():
         pm.sample(
             draws=draws,
-            tune=0,
-            step=make_step("SGLD", thin),
+            tune=0 if thin is not None else DEFAULT_TUNE,
+            step=make_step("SGLD", thin) if thin is not None else sg.SGLD(),
             chains=chains,
             cores=cores,
             random_seed=1,
@@ -161,25 +185,43 @@ def draws_per_second(
     t = np.asarray(times)
     first, n = len(t) // 4, len(t) - 1 - len(t) // 4
     wall, cpu = t[-1] - t[first]
-    return n / wall, cpu / n * 1e6
+    steps = sum(thins[first + 1 :])
+    return n / wall, steps / wall, cpu / n * 1e6, sorted(set(thins))
 
 
-def cores_table(key: str, thin: int, draws: int) -> list[str]:
+#: Tuning draws of the default configuration in ``cores`` (its adaptation needs about 500).
+DEFAULT_TUNE = 1000
+
+
+def cores_table(key: str, thin: int, draws: int, default_draws: int) -> list[str]:
+    """``cores=2`` against ``cores=1`` for cheap draws (``thin`` steps of a fixed step size)
+    and for the default ``SGLD()`` (adapted step size, thin = relaxation time), alternated.
+    The ratio is of integrator steps/s: with the defaults each chain adapts its own thin."""
     problem = make_problem(key)
     lines = [
-        f"{key} SGLD, thin = {thin}, {draws} draws per chain: steady draws/s of all chains "
-        "(wall time) and the main process's CPU per draw",
+        f"{key} SGLD: steady draws/s and steps/s of all chains (wall time), the main process's "
+        f"CPU per draw, and the thins; thin = {thin}: {draws} draws per chain at eps = "
+        f"{STEP_SIZES['SGLD']:g}; default: `SGLD()`, {DEFAULT_TUNE} tuning + {default_draws} "
+        "draws per chain",
         "",
-        "| run | cores=1, 1 chain: draws/s (main CPU µs/draw) | cores=2, 2 chains | ratio |",
-        "| --- | --- | --- | --- |",
+        "| configuration | run | cores=1, 1 chain: draws/s, steps/s (main CPU µs/draw; thin) "
+        "| cores=2, 2 chains | ratio of steps/s |",
+        "| --- | --- | --- | --- | --- |",
     ]
-    for run in (1, 2):
-        one, one_cpu = draws_per_second(problem, 1, 1, thin, draws)
-        two, two_cpu = draws_per_second(problem, 2, 2, thin, draws)
-        lines.append(
-            f"| {run} | {one:,.0f} ({one_cpu:.0f}) | {two:,.0f} ({two_cpu:.0f}) | {two / one:.2f} |"
-        )
-        print(lines[-1], flush=True)
+    for label, config, n in ((f"thin = {thin}", thin, draws), ("default", None, default_draws)):
+        for run in (1, 2):
+            cells, rates = [], []
+            for chains in (1, 2):
+                per_draw, per_step, cpu, thins = draws_per_second(
+                    problem, chains, chains, config, n
+                )
+                thin_s = "/".join(map(str, thins))
+                cells.append(f"{per_draw:,.1f}, {per_step:,.0f} ({cpu:.0f}; {thin_s})")
+                rates.append(per_step)
+            lines.append(
+                f"| {label} | {run} | {cells[0]} | {cells[1]} | {rates[1] / rates[0]:.2f} |"
+            )
+            print(lines[-1], flush=True)
     return lines
 
 
@@ -232,6 +274,9 @@ def main(argv: list[str]) -> None:
     parser.add_argument("--thin", type=int, default=10)
     parser.add_argument("--repeats", type=int, default=7)
     parser.add_argument("--draws", type=int, default=4000, help="per chain, for 'cores'")
+    parser.add_argument(
+        "--default-draws", type=int, default=300, help="per chain, for 'cores' at the defaults"
+    )
     parser.add_argument("--output", type=Path, default=None)
     args = parser.parse_args(argv)
     logging.getLogger("pymc").setLevel(logging.ERROR)
@@ -241,7 +286,7 @@ def main(argv: list[str]) -> None:
     if "steps" in args.what:
         sections.append(steps_table(args.problems, args.thin, args.repeats))
     if "cores" in args.what:
-        sections.append(cores_table(args.problems[0], args.thin, args.draws))
+        sections.append(cores_table(args.problems[0], args.thin, args.draws, args.default_draws))
     if "first-draw" in args.what:
         sections.append(first_draw_table(args.problems))
     loads.append(os.getloadavg())
