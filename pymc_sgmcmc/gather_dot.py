@@ -204,10 +204,12 @@ def _transposed(var):
 @node_rewriter([Dot])
 def fuse_gather_dots(fgraph, node):
     """``Dot(X[idx], B)`` -> ``GatherDot(X, idx, B)``; ``Dot(X[idx].T, R)`` ->
-    ``GatherTDot(X, idx, R)`` (matrix B and R; PyTensor writes matrix-vector products as
-    products with a one-column matrix by this stage)."""
+    ``GatherTDot(X, idx, R)``, for a B or R of one column: matrix-vector products, which
+    PyTensor writes as products with a one-column matrix by this stage. With k columns the
+    kernels read the rows k times, where one copy and a matrix-matrix product may be faster:
+    left to BLAS."""
     a, b = node.inputs
-    if b.type.ndim != 2 or a.type.ndim != 2:
+    if a.type.ndim != 2 or b.type.ndim != 2 or b.type.shape[1] != 1:
         return None
     if (rows := _gathered_rows(a)) is not None:
         new = GatherDot()(*rows, b)

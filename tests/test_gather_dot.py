@@ -70,9 +70,12 @@ def test_rewrite_replaces_the_products_of_a_minibatch_and_its_gradient():
     args = (np.arange(10) * 3, np.linspace(-1, 1, 6))
     for got, expected in zip(fused(*args), plain(*args), strict=True):
         np.testing.assert_allclose(got, expected, rtol=1e-12)
-    # Gathering along another axis is not the pattern.
+    # Gathering along another axis is not the pattern; products with several columns stay
+    # with BLAS.
     other = pytensor.function([idx, w], data.T[:, idx[:6]] @ w, mode=NUMBA)
     assert fused_ops(other) == set()
+    W = pt.matrix("W", shape=(6, 3))
+    assert fused_ops(pytensor.function([idx, W], data[idx] @ W, mode=NUMBA)) == set()
 
 
 def test_sampler_chain_is_the_same_with_and_without_the_fused_products(monkeypatch):
