@@ -698,9 +698,9 @@ def write_report(cfg: Config, all_rows, infos, header: dict, path: Path) -> None
             else "wall time"
         ),
         "",
-        "How to read: **steps/s** is steady state (after the first block of 1,000 steps, every "
-        "stored draw through PyMC's trace; NUTS: draws/s after tuning). **first draw** = step "
-        "construction + `pm.sample` call to the first draw in this process, with the compile "
+        "How to read: **steps/s** is steady state (after the first two blocks of 1,000 steps, "
+        "every stored draw through PyMC's trace; NUTS: draws/s after tuning). **first draw** = "
+        "step construction + `pm.sample` call to the first draw in this process, with the compile "
         "cache as found (JAX: jit compile + first 1,000-step chunk). **compile cold / warm** = "
         "the same in a fresh process with an empty PyTensor compile directory, then again with "
         "the one it filled. **time to result** = first draw + wall time until the draws "
