@@ -4,7 +4,8 @@
 Three measurements, each printed as a markdown table (``--output`` also writes them):
 
 * ``steps``: CPU microseconds per integrator step of ``SGMCMC._fill_buffer`` (the compiled
-  block plus the NumPy minibatch indices and noise), next to the same for the index and noise
+  block plus the NumPy minibatch indices and noise), next to the same block compiled without
+  the fused minibatch products (``pymc_sgmcmc.gather_dot``), the index and noise
   generation alone and a hand-written numba SGLD / SGNHT-free reference loop (gather of the
   minibatch rows and two BLAS products, no PyTensor) on the same data. CPU time of this
   process, so that other processes on a shared machine inflate it less than wall time
