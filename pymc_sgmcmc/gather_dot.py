@@ -45,38 +45,52 @@ from pytensor.tensor.subtensor import AdvancedSubtensor
 TAG = "sgmcmc_gather_dot"
 
 
-def _output_dtype(x, b) -> str:
-    return upcast(x.dtype, b.dtype)
-
-
-class GatherDot(Op):
-    """``X[idx] @ B`` for a matrix ``X`` (N, D), integer rows ``idx`` (n,) and ``B`` (D, k)."""
+class _GatherProduct(Op):
+    """A product with the rows ``idx`` (n,) of a matrix ``X`` (N, D) and a matrix operand;
+    subclasses give the output's static shape and the NumPy reference (``perform``)."""
 
     __props__ = ()
+
+    @staticmethod
+    def _shape(x, idx, b) -> tuple[int | None, int | None]:
+        raise NotImplementedError
+
+    @staticmethod
+    def _numpy(x, idx, b) -> np.ndarray:
+        raise NotImplementedError
 
     def make_node(self, x, idx, b):
         x, idx, b = map(as_tensor_variable, (x, idx, b))
-        out = pt.tensor(dtype=_output_dtype(x, b), shape=(idx.type.shape[0], b.type.shape[1]))
+        dtype = upcast(x.dtype, b.dtype)
+        out = pt.tensor(dtype=dtype, shape=self._shape(x.type, idx.type, b.type))
         return Apply(self, [x, idx, b], [out])
 
     def perform(self, node, inputs, outputs):
-        x, idx, b = inputs
-        outputs[0][0] = np.asarray(x[idx] @ b, dtype=node.outputs[0].dtype)
+        outputs[0][0] = np.asarray(self._numpy(*inputs), dtype=node.outputs[0].dtype)
 
 
-class GatherTDot(Op):
+class GatherDot(_GatherProduct):
+    """``X[idx] @ B`` for a matrix ``X`` (N, D), integer rows ``idx`` (n,) and ``B`` (D, k)."""
+
+    @staticmethod
+    def _shape(x, idx, b):
+        return idx.shape[0], b.shape[1]
+
+    @staticmethod
+    def _numpy(x, idx, b):
+        return x[idx] @ b
+
+
+class GatherTDot(_GatherProduct):
     """``X[idx].T @ R`` for a matrix ``X`` (N, D), integer rows ``idx`` (n,) and ``R`` (n, k)."""
 
-    __props__ = ()
+    @staticmethod
+    def _shape(x, idx, r):
+        return x.shape[1], r.shape[1]
 
-    def make_node(self, x, idx, r):
-        x, idx, r = map(as_tensor_variable, (x, idx, r))
-        out = pt.tensor(dtype=_output_dtype(x, r), shape=(x.type.shape[1], r.type.shape[1]))
-        return Apply(self, [x, idx, r], [out])
-
-    def perform(self, node, inputs, outputs):
-        x, idx, r = inputs
-        outputs[0][0] = np.asarray(x[idx].T @ r, dtype=node.outputs[0].dtype)
+    @staticmethod
+    def _numpy(x, idx, r):
+        return x[idx].T @ r
 
 
 # ---------------------------------------------------------------------- numba kernels
