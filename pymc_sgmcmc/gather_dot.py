@@ -31,7 +31,7 @@ import numpy as np
 import pytensor.tensor as pt
 from pytensor.compile import optdb
 from pytensor.compile.mode import Mode, get_mode
-from pytensor.graph.basic import Apply
+from pytensor.graph.basic import Apply, Constant
 from pytensor.graph.op import Op
 from pytensor.graph.rewriting.basic import in2out, node_rewriter
 from pytensor.link.numba.dispatch.basic import register_funcify_default_op_cache_key
@@ -40,6 +40,7 @@ from pytensor.scalar import upcast
 from pytensor.tensor.basic import as_tensor_variable
 from pytensor.tensor.elemwise import DimShuffle
 from pytensor.tensor.math import Dot
+from pytensor.tensor.shape import SpecifyShape
 from pytensor.tensor.subtensor import AdvancedSubtensor
 
 TAG = "sgmcmc_gather_dot"
@@ -49,7 +50,13 @@ class _GatherProduct(Op):
     """A product with the rows ``idx`` (n,) of a matrix ``X`` (N, D) and a matrix operand;
     subclasses give the output's static shape and the NumPy reference (``perform``)."""
 
-    __props__ = ()
+    __props__ = ("out_shape",)
+
+    def __init__(self, out_shape: tuple[int | None, int | None] = (None, None)):
+        # A static output shape known from the graph the op replaces (when X's shape is not
+        # static): the product then needs no SpecifyShape, whose numba check formats an error
+        # message and costs about a second of a cold compile.
+        self.out_shape = tuple(out_shape)
 
     @staticmethod
     def _shape(x, idx, b) -> tuple[int | None, int | None]:
@@ -62,11 +69,16 @@ class _GatherProduct(Op):
     def make_node(self, x, idx, b):
         x, idx, b = map(as_tensor_variable, (x, idx, b))
         dtype = upcast(x.dtype, b.dtype)
-        out = pt.tensor(dtype=dtype, shape=self._shape(x.type, idx.type, b.type))
+        shape = self._shape(x.type, idx.type, b.type)
+        shape = tuple(s if s is not None else o for s, o in zip(shape, self.out_shape, strict=True))
+        out = pt.tensor(dtype=dtype, shape=shape)
         return Apply(self, [x, idx, b], [out])
 
     def perform(self, node, inputs, outputs):
-        outputs[0][0] = np.asarray(self._numpy(*inputs), dtype=node.outputs[0].dtype)
+        out = np.asarray(self._numpy(*inputs), dtype=node.outputs[0].dtype)
+        if not node.outputs[0].type.is_valid_value(out):
+            raise ValueError(f"{type(self).__name__}: shapes do not match")
+        outputs[0][0] = out
 
 
 class GatherDot(_GatherProduct):
@@ -150,12 +162,22 @@ def _gather_rmatvec(x, idx, w, out):
         i += 1
 
 
+def _static(shape) -> tuple[int, int]:
+    """The static output shape the kernels check, -1 where not known."""
+    return tuple(-1 if s is None else int(s) for s in shape)
+
+
 @register_funcify_default_op_cache_key(GatherDot)
 def _numba_gather_dot(op, node, **kwargs):
     dtype = np.dtype(node.outputs[0].dtype)
+    rows, cols = _static(op.out_shape)
 
     @numba.njit
     def gather_dot(x, idx, b):
+        if x.shape[1] != b.shape[0] or (rows >= 0 and idx.shape[0] != rows):
+            raise ValueError("GatherDot: shapes do not match")
+        if cols >= 0 and b.shape[1] != cols:
+            raise ValueError("GatherDot: shapes do not match")
         out = np.empty((idx.shape[0], b.shape[1]), dtype=dtype)
         col = np.empty(idx.shape[0], dtype=dtype)
         for c in range(b.shape[1]):
@@ -169,9 +191,14 @@ def _numba_gather_dot(op, node, **kwargs):
 @register_funcify_default_op_cache_key(GatherTDot)
 def _numba_gather_tdot(op, node, **kwargs):
     dtype = np.dtype(node.outputs[0].dtype)
+    rows, cols = _static(op.out_shape)
 
     @numba.njit
     def gather_tdot(x, idx, r):
+        if idx.shape[0] != r.shape[0] or (rows >= 0 and x.shape[1] != rows):
+            raise ValueError("GatherTDot: shapes do not match")
+        if cols >= 0 and r.shape[1] != cols:
+            raise ValueError("GatherTDot: shapes do not match")
         out = np.empty((x.shape[1], r.shape[1]), dtype=dtype)
         col = np.empty(x.shape[1], dtype=dtype)
         for c in range(r.shape[1]):
@@ -183,13 +210,14 @@ def _numba_gather_tdot(op, node, **kwargs):
     return gather_tdot, _CACHE_SALT
 
 
+_OP_KERNELS = (_numba_gather_dot, _numba_gather_tdot)
 #: PyTensor caches a compiled op under its class name and props: salting that key with the
 #: kernels' source makes an edited kernel recompile instead of loading the cached one.
 _CACHE_SALT = int(
     hashlib.sha256(
         "".join(
             inspect.getsource(f)
-            for f in (_row, _gather_matvec, _gather_rmatvec, _numba_gather_dot, _numba_gather_tdot)
+            for f in (_row, _static, _gather_matvec, _gather_rmatvec, *_OP_KERNELS)
         ).encode()
     ).hexdigest()[:12],
     16,
@@ -225,21 +253,34 @@ def fuse_gather_dots(fgraph, node):
     a, b = node.inputs
     if a.type.ndim != 2 or b.type.ndim != 2 or b.type.shape[1] != 1:
         return None
+    shape = node.outputs[0].type.shape
     if (rows := _gathered_rows(a)) is not None:
-        new = GatherDot()(*rows, b)
+        new = GatherDot(shape)(*rows, b)
     elif (inner := _transposed(a)) is not None and (rows := _gathered_rows(inner)) is not None:
-        new = GatherTDot()(*rows, b)
+        new = GatherTDot(shape)(*rows, b)
     else:
         return None
-    if new.type != node.outputs[0].type:
-        new = pt.specify_shape(new, node.outputs[0].type.shape)
-        if new.type != node.outputs[0].type:
-            return None
-    return [new]
+    return [new] if new.type == node.outputs[0].type else None
+
+
+@node_rewriter([SpecifyShape])
+def absorb_specified_shape(fgraph, node):
+    """``SpecifyShape(GatherDot(...), shape)`` -> ``GatherDot(shape)(...)`` for a constant
+    shape: the kernels check it themselves, and a cold numba compile of SpecifyShape's check
+    (which formats its error message) costs about a second."""
+    product, *dims = node.inputs
+    if product.owner is None or not isinstance(product.owner.op, _GatherProduct):
+        return None
+    if not all(isinstance(d, Constant) for d in dims) or len(fgraph.clients[product]) != 1:
+        return None
+    new = type(product.owner.op)(node.outputs[0].type.shape)(*product.owner.inputs)
+    return [new] if new.type == node.outputs[0].type else None
 
 
 # After specialisation (the products are in their final Dot form), before elemwise fusion (49).
-optdb.register("fuse_gather_dots", in2out(fuse_gather_dots), TAG, position=48.5)
+optdb.register(
+    "fuse_gather_dots", in2out(fuse_gather_dots, absorb_specified_shape), TAG, position=48.5
+)
 
 
 def with_gather_dot(mode) -> Mode | str | None:

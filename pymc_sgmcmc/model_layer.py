@@ -55,6 +55,11 @@ __all__ = [
     "ledoit_wolf_statistics",
 ]
 
+#: Compilation mode of the functions run once or a few times per chain (a chain start, the
+#: geometry and step-size checks): Python's perform runs them in well under a second, where
+#: numba would compile each for seconds on a cold start.
+ONE_OFF_MODE = "FAST_COMPILE"
+
 
 class ModelError(ValueError):
     """The model cannot be sampled with stochastic gradients as written."""
@@ -658,7 +663,7 @@ class SGModel:
     def _geometry_functions(self):
         v = pt.vector("v", shape=(self.dim,))
         hvp = -pt.grad(pt.dot(self.force, v), self.theta)
-        kwargs = dict(mode="FAST_COMPILE", on_unused_input="ignore")
+        kwargs = dict(mode=ONE_OFF_MODE, on_unused_input="ignore")
         hvp_fn = pytensor.function([self.theta, *self.indices, v], hvp, **kwargs)
         rows_fn = None
         if self.per_observation_gradients is not None:
@@ -698,7 +703,7 @@ class SGModel:
         fn = pytensor.function(
             [self.theta, *self.indices],
             [batch_force, self.per_observation_gradients.sum(0)],
-            mode="FAST_COMPILE",
+            mode=ONE_OFF_MODE,
             on_unused_input="ignore",
         )
         theta = self.initial_theta + 0.1 * rng.standard_normal(self.dim)

@@ -57,6 +57,26 @@ def test_out_of_bounds_rows_raise():
         fn(np.ones((5, 2)), np.array([0, 5]), np.ones((2, 1)))
 
 
+@pytest.mark.parametrize("mode", ["NUMBA", "FAST_COMPILE"])
+def test_static_output_shape_is_checked(mode):
+    """A product told its output shape (taken from the graph it replaces) checks it, as the
+    SpecifyShape it stands in for would; operands that do not fit raise too."""
+    x, i, b, r = pt.matrix(), pt.vector(dtype="int64"), pt.matrix(), pt.matrix()
+    dot = pytensor.function([x, i, b], GatherDot((None, 1))(x, i, b), mode=mode)
+    tdot = pytensor.function([x, i, r], GatherTDot((3, 1))(x, i, r), mode=mode)
+    X, idx = np.ones((5, 3)), np.array([0, 4])
+    np.testing.assert_allclose(dot(X, idx, np.ones((3, 1))), np.full((2, 1), 3.0))
+    np.testing.assert_allclose(tdot(X, idx, np.ones((2, 1))), np.full((3, 1), 2.0))
+    with pytest.raises(ValueError):
+        dot(X, idx, np.ones((3, 2)))  # two columns where one was specified
+    with pytest.raises(ValueError):
+        tdot(np.ones((5, 4)), idx, np.ones((2, 1)))  # four rows out where three were
+    with pytest.raises(ValueError):
+        dot(X, idx, np.ones((4, 1)))  # B does not fit X's rows
+    with pytest.raises(ValueError):
+        tdot(X, idx, np.ones((3, 1)))  # R does not fit the minibatch
+
+
 def test_rewrite_replaces_the_products_of_a_minibatch_and_its_gradient():
     X = np.random.default_rng(1).standard_normal((40, 6))
     idx, w = pt.vector("idx", dtype="int64", shape=(10,)), pt.vector("w", shape=(6,))
@@ -67,6 +87,10 @@ def test_rewrite_replaces_the_products_of_a_minibatch_and_its_gradient():
     plain = pytensor.function([idx, w], outputs, mode="NUMBA")
     assert fused_ops(fused) == {"GatherDot", "GatherTDot"}
     assert fused_ops(plain) == set()  # off unless a mode includes it
+    # The gradient's SpecifyShape (X's shape is not static) is absorbed into the product.
+    ops = {type(n.op).__name__ for n in fused.maker.fgraph.apply_nodes}
+    assert "SpecifyShape" in {type(n.op).__name__ for n in plain.maker.fgraph.apply_nodes}
+    assert "SpecifyShape" not in ops
     args = (np.arange(10) * 3, np.linspace(-1, 1, 6))
     for got, expected in zip(fused(*args), plain(*args), strict=True):
         np.testing.assert_allclose(got, expected, rtol=1e-12)
