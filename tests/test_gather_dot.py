@@ -32,7 +32,7 @@ def fused_ops(fn) -> set[str]:
 
 
 @pytest.mark.parametrize("dtype", ["float64", "float32"])
-@pytest.mark.parametrize("n, k", [(7, 1), (8, 3), (1, 2)])
+@pytest.mark.parametrize("n, k", [(7, 1), (8, 3), (1, 2), (31, 1)])  # 31: rows prefetched
 def test_fused_products_equal_gather_then_product(dtype, n, k):
     rng = np.random.default_rng(0)
     X = rng.standard_normal((50, 9)).astype(dtype)
@@ -55,6 +55,8 @@ def test_out_of_bounds_rows_raise():
     fn = pytensor.function([x, i, b], GatherDot()(x, i, b), mode="NUMBA")
     with pytest.raises(IndexError):
         fn(np.ones((5, 2)), np.array([0, 5]), np.ones((2, 1)))
+    with pytest.raises(IndexError):  # where the row was prefetched (skipped) first
+        fn(np.ones((5, 2)), np.array([0] * 20 + [-6]), np.ones((2, 1)))
 
 
 @pytest.mark.parametrize("mode", ["NUMBA", "FAST_COMPILE"])
