@@ -52,6 +52,7 @@ from pymc_sgmcmc.model_layer import (
     moving_average,
 )
 from pymc_sgmcmc.runaway import (
+    STRIDE,
     runaway_flags,
     running_medians,
     trailing_history,
@@ -66,7 +67,6 @@ class Step(NamedTuple):
 
     state: dict  # carried to the next step
     draw: TensorVariable  # the position stored for this step
-    logp: TensorVariable  # minibatch estimate of the model log-density for the stats
     stats: dict  # sampler-specific scalar stats
 
 
@@ -343,15 +343,14 @@ class SGMCMC(ArrayStepShared):
         return {}
 
     def evaluate(self, theta, indices, noise, h) -> dict[str, TensorVariable]:
-        """Quantities computed at a new position with one minibatch: here F and log-density.
+        """Quantities computed at a new position with one minibatch: here the force F.
 
         ``theta`` is the position in the preconditioned coordinates, and so are the force and
         covariance of :attr:`target`. Samplers whose noise depends on the gradient-noise
         covariance at the position (mSGLD, SGHMC with B-hat) also prepare it here, from
         ``noise``, for the next step (of size ``h``).
         """
-        force, logp = self.target.force_and_logp(theta, indices)
-        return {"force": force, "logp": logp}
+        return {"force": self.target.force(theta, indices)}
 
     def initial_evaluation(self, theta, indices, noise, h) -> dict[str, TensorVariable]:
         """Evaluated quantities carried in the state from one step to the next (the force of
@@ -363,9 +362,8 @@ class SGMCMC(ArrayStepShared):
         raise NotImplementedError
 
     def carried(self, state: dict, stats: dict | None = None) -> Step:
-        """The usual result: the stored draw is the new state's position, with its force's
-        minibatch log-density."""
-        return Step(state, state["theta"], state["logp"], stats or {})
+        """The usual result: the stored draw is the new state's position."""
+        return Step(state, state["theta"], stats or {})
 
     def stable_step_size(self, curvature: float) -> float:
         """Half the linear-stability limit for a Gaussian of largest Hessian eigenvalue
@@ -464,19 +462,29 @@ class SGMCMC(ArrayStepShared):
             # Only the state is masked: the traced outputs of inactive steps are discarded.
             new = [pt.switch(active_t, v, state[n]) for n, v in zip(names, new, strict=True)]
             stat_values = [pt.as_tensor(v).astype("float64") for v in step.stats.values()]
-            return [*new, draw, pt.as_tensor(step.logp), sane, *stat_values]
+            return [*new, draw, sane, *stat_values]
 
         n_stats = len(self._integrator_stat_names())
         outputs = pytensor.scan(
             one_step,
             sequences=[*index_seqs, noise_seq, h_seq, active_seq],
-            outputs_info=[*states0] + [None] * (3 + n_stats),
+            outputs_info=[*states0] + [None] * (2 + n_stats),
             return_updates=False,
         )
         states, traces = outputs[: len(names)], outputs[len(names) :]
+        # The minibatch log-density only at the steps the host reads it at
+        # (:meth:`_logp_steps`), each with its step's minibatch. Computed in every step it
+        # cost as much as the rest of a logistic-regression step (an exp and a log1p per
+        # row, which the gradient does not need).
+        logp_steps = pt.vector("logp_steps", dtype="int64")
+        logps = pytensor.scan(
+            lambda theta, *idx: self.sg_model.logp_at(theta, idx),
+            sequences=[traces[0][logp_steps], *(s[logp_steps] for s in index_seqs)],
+            return_updates=False,
+        )
         block_fn = self._function(
-            [*states0, *index_seqs, noise_seq, h_seq, active_seq, *kernel],
-            [*(s[-1] for s in states), *traces],
+            [*states0, *index_seqs, noise_seq, h_seq, active_seq, logp_steps, *kernel],
+            [*(s[-1] for s in states), *traces, logps],
             kwargs,
         )
         self._block_functions[length] = (block_fn, stat_names)
@@ -795,16 +803,22 @@ class SGMCMC(ArrayStepShared):
         length = full_draws * self.thin if self.static_shapes else None
         block_fn, stat_names = self._block_function(length)
         sequences = _padded([*indices, noise, h, np.ones(n_steps, dtype=bool)], length)
-        out = block_fn(*(self.chain_state[n] for n in names), *sequences, *self._kernel)
+        checked, stored_steps = self._logp_steps(length or n_steps)
+        logp_steps = checked if checked is stored_steps else np.concatenate([checked, stored_steps])
+        out = block_fn(*(self.chain_state[n] for n in names), *sequences, logp_steps, *self._kernel)
         # JAX returns read-only views of its buffers, which PyMC's trace cannot take.
         out = [o if o.flags.writeable else np.array(o) for o in map(np.asarray, out)]
-        final = out[: len(names)]
-        thetas, logps, sane, *stats = (trace[:n_steps] for trace in out[len(names) :])
+        final, logps = out[: len(names)], out[-1]
+        thetas, sane, *stats = (trace[:n_steps] for trace in out[len(names) : -1])
+        # Padded steps (JAX) are not read.
+        check_logps = logps[: len(checked)][checked < n_steps]
+        stored_logps = logps[len(logp_steps) - len(stored_steps) :][:n_draws]
+        checked = checked[checked < n_steps]
         stored = slice(self.thin - 1, None, self.thin)
         buffer = {
             "theta": thetas[stored],
             "step_size": h[stored],
-            "minibatch_logp": logps[stored],
+            "minibatch_logp": stored_logps,
             "diverging": np.zeros(n_draws, dtype=bool),
             "thin": np.full(n_draws, self.thin, dtype=np.int64),
             **{name: np.full(n_draws, self.shrinkage) for name in self._noise_estimate_stat_names},
@@ -812,15 +826,17 @@ class SGMCMC(ArrayStepShared):
         }
         for name in self._integrator_stat_names():
             buffer[name] = buffer[name].astype(self.stats_dtypes_shapes[name][0])
-        medians = running_medians(logps, self.logp_history)
-        sane &= ~runaway_flags(logps, medians, self.typical_logp, self.logp_spreads)
+        medians = running_medians(check_logps, self.logp_history)
+        flags = runaway_flags(check_logps, medians, self.typical_logp, self.logp_spreads)
+        sane[checked[flags]] = False
+        sane[stored_steps[:n_draws][~np.isfinite(stored_logps)]] = False
         if sane.all():
             self.chain_state = dict(zip(names, final, strict=True))
             self.step_count += n_steps
             self.typical_logp = updated_reference(
-                self.typical_logp, self.logp_spreads, logps, medians
+                self.typical_logp, self.logp_spreads, check_logps, medians
             )
-            self.logp_history = trailing_history(self.logp_history, logps)
+            self.logp_history = trailing_history(self.logp_history, check_logps)
             if self.block_cap is not None:
                 self.block_cap = (
                     None
@@ -833,6 +849,15 @@ class SGMCMC(ArrayStepShared):
             buffer = self._truncate_at_divergence(buffer, theta, bad)
         self.buffer = buffer
         self.cursor = 0
+
+    def _logp_steps(self, n_steps: int) -> tuple[np.ndarray, np.ndarray]:
+        """The steps of a block at which the runaway check reads the minibatch log-density
+        (every ``min(thin, runaway.STRIDE)``-th) and those of the stored draws (the same array
+        when ``thin <= runaway.STRIDE``)."""
+        stored = np.arange(self.thin - 1, n_steps, self.thin)
+        if self.thin <= STRIDE:
+            return stored, stored
+        return np.arange(STRIDE - 1, n_steps, STRIDE), stored
 
     def _truncate_at_divergence(self, buffer: dict, start: np.ndarray, bad_step: int) -> dict:
         """Keep the draws before the first divergent step; the next draw repeats the last

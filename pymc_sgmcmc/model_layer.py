@@ -444,28 +444,34 @@ class SGModel:
         replace = {self.theta: theta, **dict(zip(self.indices, indices, strict=True))}
         return clone_replace(list(outputs), replace)
 
-    def force_and_logp(
+    def force_at(
         self,
         theta: Variable,
         indices: Sequence[Variable],
         control: ControlVariate | None = None,
-    ):
-        """Noisy force F(theta) and the minibatch estimate of log p(theta | X); with
-        ``control``, the control-variate force (:class:`ControlVariate`)."""
-        force, logp = self._at(theta, indices, [self.force, self.logp])
+    ) -> Variable:
+        """Noisy force F(theta) of the minibatch ``indices``; with ``control``, the
+        control-variate force (:class:`ControlVariate`)."""
+        (force,) = self._at(theta, indices, [self.force])
         if control is not None and self.has_minibatch:
             (at_anchor,) = self._at(control.anchor, indices, [self.force])
             force = control.anchor_force + (force - at_anchor)
-        return force, logp
+        return force
 
-    def force_logp_and_noise(
+    def logp_at(self, theta: Variable, indices: Sequence[Variable]) -> Variable:
+        """The minibatch estimate of log p(theta | X): the fixed terms plus N/n times the
+        minibatch's log-likelihood."""
+        (logp,) = self._at(theta, indices, [self.logp])
+        return logp
+
+    def force_and_noise(
         self,
         theta: Variable,
         indices: Sequence[Variable],
         optional: bool = False,
         control: ControlVariate | None = None,
     ):
-        """As :meth:`force_and_logp`, plus the :class:`NoiseCovariance` of that force.
+        """As :meth:`force_at`, and the :class:`NoiseCovariance` of that force.
 
         The force is assembled from the per-observation gradients, so they are computed once;
         with ``control`` they are the differences g_i(theta) - g_i(anchor), whose spread is
@@ -475,16 +481,15 @@ class SGModel:
         """
         one_row = self.per_observation_gradients is not None and self.batch_size < 2
         if self.per_observation_gradients is None or (one_row and optional):
-            force, logp = self.force_and_logp(theta, indices, control)
-            return force, logp, NoiseCovariance(None, self.dim)
+            return self.force_at(theta, indices, control), NoiseCovariance(None, self.dim)
         if one_row:
             raise ModelError(
                 "the noise covariance is estimated from the spread of the minibatch's "
                 "per-observation gradients, which needs at least 2 rows: use "
                 "pm.Minibatch(..., batch_size >= 2) with this sampler"
             )
-        fixed_force, logp, grads = self._at(
-            theta, indices, [self.fixed_force, self.logp, self.per_observation_gradients]
+        fixed_force, grads = self._at(
+            theta, indices, [self.fixed_force, self.per_observation_gradients]
         )
         force = fixed_force + grads.sum(axis=0)
         if control is not None:
@@ -493,7 +498,7 @@ class SGModel:
             )
             grads = grads - grads_at_anchor
             force = control.anchor_force + fixed_force - fixed_at_anchor + grads.sum(axis=0)
-        return force, logp, NoiseCovariance(grads, self.dim, self.batch_size)
+        return force, NoiseCovariance(grads, self.dim, self.batch_size)
 
     def full_data_force(self, theta: np.ndarray) -> np.ndarray:
         """The exact force at ``theta``: the fixed terms plus every row's gradient, from the
@@ -1254,17 +1259,14 @@ class ScaledTarget:
         """theta for the coordinates phi."""
         return self.scale * phi
 
-    def force_and_logp(self, phi: Variable, indices: Sequence[Variable]):
-        force, logp = self.model.force_and_logp(self.position(phi), indices, self.control)
-        return self.scale * force, logp
+    def force(self, phi: Variable, indices: Sequence[Variable]) -> Variable:
+        return self.scale * self.model.force_at(self.position(phi), indices, self.control)
 
-    def force_logp_and_noise(
-        self, phi: Variable, indices: Sequence[Variable], optional: bool = False
-    ):
-        force, logp, sigma = self.model.force_logp_and_noise(
+    def force_and_noise(self, phi: Variable, indices: Sequence[Variable], optional: bool = False):
+        force, sigma = self.model.force_and_noise(
             self.position(phi), indices, optional, self.control
         )
-        return self.scale * force, logp, sigma.scaled(self.scale)
+        return self.scale * force, sigma.scaled(self.scale)
 
     def exact_noise_covariance(self, phi: Variable) -> DenseCovariance:
         return self.model.exact_noise_covariance(self.position(phi)).scaled(self.scale)

@@ -12,6 +12,10 @@ them. A single step ``EXTREME`` margins below is flagged at once, with the run o
 that led to it. The margin is ``SPREADS`` times the typical spread of the running medians
 within a block (at least ``MIN_MARGIN``); the chain's first block has only the scale-free
 ``max(1e4, 10 |typical|)``.
+
+The log-density is computed only where it is read: at every ``STRIDE``-th step (every stored
+draw when ``thin`` is smaller), so "steps" below are the checked steps. Non-finite positions,
+momenta and forces are still caught at every step.
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ __all__ = [
     "MIN_MARGIN",
     "MIN_SPREAD_STEPS",
     "SPREADS",
+    "STRIDE",
     "WINDOW",
     "margin",
     "runaway_flags",
@@ -32,12 +37,19 @@ __all__ = [
     "updated_reference",
 ]
 
-#: Steps in the running median (a runaway is flagged once more than half of them are low).
+#: Integrator steps between checked steps (``min(thin, STRIDE)`` in a chain). Computing the
+#: minibatch log-density at every step cost as much as the rest of a logistic-regression
+#: step (P3: SGLD 21-32 instead of 46-54 us without it); one step in ten costs a tenth of
+#: that, and a runaway is still caught within about ``STRIDE * WINDOW / 2`` steps of leaving
+#: the typical range.
+STRIDE = 10
+#: Checked steps in the running median (a runaway is flagged once more than half are low).
 WINDOW = 21
 #: Margin below the typical value, in spreads of the running median. In 20,000-step sane
 #: chains (SGLD, SGNHT, NOGIN at their default step sizes on P1, P2, P4 and a logistic
 #: regression) the running median fell at most 3.7-5.7 spreads below the typical value at
-#: n >= 10, and 18-19 at n = 1 (``benchmarks/runaway_calibration_results.md``). Even where
+#: n >= 10, and 18-19 at n = 1, reading every step; 3.4-6.1 and 6-13 reading every
+#: ``STRIDE``-th (``benchmarks/runaway_calibration_results.md``). Even where
 #: single steps are heavy-tailed the running median is not: it falls below a quantile q only
 #: when 11 of 21 steps do, with probability about C(21, 11) q^11. A NOGIN chain drifting away
 #: at N = 10^6, n = 1,000 (the benchmark's P4) crossed 50 spreads at about 30 posterior sd,
@@ -45,13 +57,14 @@ WINDOW = 21
 SPREADS = 50.0
 #: A single step this many margins below is flagged without waiting for the window: an
 #: unstable step grows the log-density's deficit by orders of magnitude per step, while in
-#: those sane chains a single step fell at most 0.6 margins below at n >= 10 and 4.0 at n = 1.
+#: those sane chains a single step fell at most 0.7 margins below at n >= 10 and 4.0 at n = 1.
 EXTREME = 100.0
 #: The smallest margin, in log-density units: a chain's own log-density fluctuates by about
 #: sqrt(D / 2), so a full-batch chain on a small model must not be held to a few units.
 MIN_MARGIN = 100.0
-#: Steps a block needs to set the typical value and add its spread (the blocks before an
-#: adaptation boundary or after a divergence can be a few steps).
+#: Checked steps a block needs to set the typical value and add its spread (a 1,000-step block
+#: has 100 or more; the blocks before an adaptation boundary or after a divergence can have a
+#: few).
 MIN_SPREAD_STEPS = 100
 
 

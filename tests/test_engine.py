@@ -41,38 +41,39 @@ def small_problem():
     ],
     ids=["SGLD", "SGNHT"],
 )
-def test_thinned_draws_are_every_thin_th_step_of_the_unthinned_chain(factory, stats):
-    # block_steps = 1000 with thin 1 and thin 10 (100 draws): the same steps per block, so the
-    # chain consumes the same minibatch indices and noise in the same order.
-    thin, draws = 10, 150
+@pytest.mark.parametrize("thin", [10, 25])  # 25: the runaway check reads other steps too
+def test_thinned_draws_are_every_thin_th_step_of_the_unthinned_chain(factory, stats, thin):
+    # block_steps = 1000 with thin 1 and thin 10 or 25: the same steps per block, so the chain
+    # consumes the same minibatch indices and noise in the same order.
+    draws = 150
     with small_problem().model():
         every = pm.sample(draws=thin * draws, step=factory(1), random_seed=4, **SAMPLE_KWARGS)
         thinned = pm.sample(draws=draws, step=factory(thin), random_seed=4, **SAMPLE_KWARGS)
     stored = slice(thin - 1, None, thin)
-    # Not bit-for-bit: the stored step's force is computed in a graph that also computes the
-    # log-density, and the compiler may order the floating-point sums differently.
-    np.testing.assert_allclose(
-        thinned.posterior["w"].values[0], every.posterior["w"].values[0][stored], rtol=1e-10
+    # Bit for bit: one compiled block serves every thin, and the log-density is computed
+    # after the steps, at the steps the host reads it at.
+    np.testing.assert_array_equal(
+        thinned.posterior["w"].values[0], every.posterior["w"].values[0][stored]
     )
     for name in stats:
-        np.testing.assert_allclose(
+        np.testing.assert_array_equal(
             thinned.sample_stats[name].values[0],
             every.sample_stats[name].values[0][stored],
-            rtol=1e-10,
             err_msg=name,
         )
     assert (thinned.sample_stats["thin"].values == thin).all()
 
 
-def test_divergence_at_an_unstored_step_is_flagged_at_its_draw():
-    # eps = 0.1 grows the chain ~25x per step: with thin = 7 the 1e10 threshold is crossed at
-    # an unstored step of the first or second draw (the first draw itself may still lie below
-    # it: the run-away check compares stored draws, and the first is its own reference).
+@pytest.mark.parametrize("thin", [7, 23])  # 23: the check reads every 10th step, not draws
+def test_divergence_at_an_unstored_step_is_flagged_at_its_draw(thin):
+    # eps = 0.1 grows the chain ~25x per step: the 1e10 threshold is crossed at an unstored
+    # step of the first or second draw (the first draw itself may still lie below it: the
+    # runaway check's first reference is the first checked step).
     with small_problem().model():
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", RuntimeWarning)
             idata = pm.sample(
-                draws=60, step=SGLD(step_size=0.1, thin=7), random_seed=2, **SAMPLE_KWARGS
+                draws=60, step=SGLD(step_size=0.1, thin=thin), random_seed=2, **SAMPLE_KWARGS
             )
     w = idata.posterior["w"].values[0]
     diverging = idata.sample_stats["diverging"].values[0]
@@ -83,6 +84,20 @@ def test_divergence_at_an_unstored_step_is_flagged_at_its_draw():
     previous = np.vstack([np.zeros((1, w.shape[1])), w[:-1]])
     np.testing.assert_array_equal(w[diverging], previous[diverging])
     assert np.isnan(idata.sample_stats["minibatch_logp"].values[0][diverging]).all()
+
+
+@pytest.mark.parametrize("thin", [1, 3, 25])
+def test_minibatch_logp_is_the_model_logp_at_the_draw(thin):
+    # A full-data model (no pm.Minibatch): the stat is then the exact log-density at the draw,
+    # computed at the stored steps whether or not the runaway check reads them.
+    problem = small_problem()
+    with pm.Model() as model:
+        w = pm.Normal("w", 0, problem.prior_sd, shape=2)
+        pm.Normal("y", problem.X @ w, problem.sigma, observed=problem.y)
+        idata = pm.sample(draws=80, step=SGLD(step_size=1e-4, thin=thin), **SAMPLE_KWARGS)
+    logp = model.compile_logp()
+    expected = [logp({"w": w}) for w in idata.posterior["w"].values[0]]
+    np.testing.assert_allclose(idata.sample_stats["minibatch_logp"].values[0], expected, rtol=1e-12)
 
 
 def test_runaway_check_flags_non_finite_steps_and_the_start_of_a_collapse():

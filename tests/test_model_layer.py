@@ -11,7 +11,8 @@ from pymc_sgmcmc.model_layer import ControlVariate, ModelError, SGModel
 
 
 def compile_layer(sg: SGModel):
-    force, logp, noise = sg.force_logp_and_noise(sg.theta, sg.indices)
+    force, noise = sg.force_and_noise(sg.theta, sg.indices)
+    logp = sg.logp_at(sg.theta, sg.indices)
     outputs = [force, logp, sg.per_observation_gradients, noise.dense(), noise.trace()]
     return pytensor.function([sg.theta, *sg.indices], outputs, mode="FAST_COMPILE")
 
@@ -58,7 +59,7 @@ def test_control_variate_force_is_exact_at_the_anchor_and_unbiased_elsewhere():
         force = SGModel(uneven, uneven.value_vars).full_data_force(anchor)
         np.testing.assert_allclose(force, exact_force(anchor), rtol=1e-10)
     control = ControlVariate(pt.vector("anchor"), pt.vector("anchor_force"))
-    force, _, noise = sg.force_logp_and_noise(sg.theta, sg.indices, control=control)
+    force, noise = sg.force_and_noise(sg.theta, sg.indices, control=control)
     inputs = [sg.theta, *sg.indices, control.anchor, control.anchor_force]
     fn = pytensor.function(inputs, [force, noise.dense()], mode="FAST_COMPILE")
     chunks = np.arange(400).reshape(10, 40)
@@ -247,7 +248,7 @@ def test_full_batch_model_has_exact_force_and_no_noise():
     with problem.model() as model:
         sg = SGModel(model, model.value_vars)
     assert not sg.has_minibatch and sg.per_observation_gradients is None
-    force, _, noise = sg.force_logp_and_noise(sg.theta, [])
+    force, noise = sg.force_and_noise(sg.theta, [])
     fn = pytensor.function([sg.theta], [force, noise.trace()], mode="FAST_COMPILE")
     theta = np.array([0.3, -0.2])
     f, trace = fn(theta)

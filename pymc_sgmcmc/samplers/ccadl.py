@@ -151,10 +151,10 @@ class CCAdL(Thermostatted):
         return {**super().initial_auxiliary(rng), "count": np.array(1.0)}
 
     def evaluate(self, theta, indices, noise, h):
-        force, logp, sigma = self.target.force_logp_and_noise(theta, indices)
+        force, sigma = self.target.force_and_noise(theta, indices)
         sigma = self.noise_estimate(sigma)
         estimate = sigma.dense() if self.covariance == "full" else sigma.diagonal()
-        return {"force": force, "logp": logp, "sigma": estimate, "noise_trace": sigma.trace()}
+        return {"force": force, "sigma": estimate, "noise_trace": sigma.trace()}
 
     def initial_evaluation(self, theta, indices, noise, h):
         evaluated = self.evaluate(theta, indices, noise, h)

@@ -198,7 +198,7 @@ class MCCAdL(Thermostatted):
     def integrate(self, state, indices, noise, h):
         mu, a, half = self.thermostat_mass, self.friction, h / 2.0
         theta, xi = state["theta"], state["thermostat"]
-        force, logp, sigma = self.target.force_logp_and_noise(theta, indices)
+        force, sigma = self.target.force_and_noise(theta, indices)
         sigma = self.noise_estimate(sigma.as_form(self.covariance))
         sigma, average = self.averaged_noise(state, sigma, self._average_form)
         p_draw = kick(state["momentum"], force, half)  # last B(h/2) of the previous step
@@ -221,4 +221,4 @@ class MCCAdL(Thermostatted):
             "expm_degree": m,
         }
         new = {"theta": theta_new, "momentum": p, "thermostat": xi_new, **average}
-        return Step(new, theta, logp, stats)
+        return Step(new, theta, stats)

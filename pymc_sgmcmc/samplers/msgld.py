@@ -71,10 +71,9 @@ class MSGLD(SGMCMC):
 
     def evaluate(self, theta, indices, noise, h):
         # Sigma R is prepared where Sigma is known, for the next step's noise.
-        force, logp, sigma = self.target.force_logp_and_noise(theta, indices)
+        force, sigma = self.target.force_and_noise(theta, indices)
         return {
             "force": force,
-            "logp": logp,
             "noise": noise[0],
             "sigma_noise": sigma.matvec(noise[0]),
             "noise_trace": sigma.trace(),

@@ -182,10 +182,10 @@ class NOGIN(SGMCMC):
         return {}  # the force is evaluated mid-step, nothing is carried
 
     def _force_and_covariance(self, theta, indices):
-        force, logp, sigma = self.target.force_logp_and_noise(theta, indices)
+        force, sigma = self.target.force_and_noise(theta, indices)
         if self.noise_covariance == "exact":
-            return force, logp, self.target.exact_noise_covariance(theta)
-        return force, logp, self.noise_estimate(sigma)
+            return force, self.target.exact_noise_covariance(theta)
+        return force, self.noise_estimate(sigma)
 
     def _solver(self) -> str:
         if self.solver != "auto":
@@ -210,7 +210,7 @@ class NOGIN(SGMCMC):
         lam2 = pt.tanh(self.friction * h / 2.0)
         lam, r = pt.sqrt(lam2), noise[0]
         theta = drift(state["theta"], state["momentum"], h / 2.0)  # A(h/2)
-        force, logp, sigma = self._force_and_covariance(theta, indices)
+        force, sigma = self._force_and_covariance(theta, indices)
         sigma, average = self.averaged_noise(state, sigma, "full")
         p = kick(state["momentum"], force, h / 2.0) + lam * r  # B(h/2) + half the noise
         p = self._damp(sigma, p, lam2, h)  # O, damped by Sigma
@@ -220,4 +220,4 @@ class NOGIN(SGMCMC):
             "kinetic_temperature": kinetic_temperature(p),
             "noise_trace": sigma.trace(),
         }
-        return Step({"theta": theta, "momentum": p, **average}, theta, logp, stats)
+        return Step({"theta": theta, "momentum": p, **average}, theta, stats)

@@ -111,14 +111,14 @@ class SGHMC(SGMCMC):
 
     def evaluate(self, theta, indices, noise, h):
         if self.gradient_noise == "ignore":
-            force, logp = self.target.force_and_logp(theta, indices)
+            force = self.target.force(theta, indices)
             scaled_noise, min_eig = pt.sqrt(self.friction) * noise[0], pt.constant(self.friction)
         else:
             # (A I - B)^{1/2} R with B = (h/2) Sigma is prepared where Sigma is known, for the
             # next step's momentum update.
-            force, logp, sigma = self.target.force_logp_and_noise(theta, indices)
+            force, sigma = self.target.force_and_noise(theta, indices)
             scaled_noise, min_eig = sigma.sqrt_shifted_matvec(self.friction, 0.5 * h, noise[0])
-        return {"force": force, "logp": logp, "noise": scaled_noise, "noise_min_eig": min_eig}
+        return {"force": force, "noise": scaled_noise, "noise_min_eig": min_eig}
 
     def integrate(self, state, indices, noise, h):
         p = kick(state["momentum"], state["force"], h)

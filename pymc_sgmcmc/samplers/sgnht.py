@@ -110,9 +110,9 @@ class SGNHT(Thermostatted):
         # xi = A + h tr(Sigma) / (2D) (Ding et al. 2014, B = h Sigma / 2), from this minibatch:
         # from xi = A it would take about mu / (h tr Sigma) time units to get there. (A
         # one-row minibatch has no estimate: xi = A, Ding et al.'s start.)
-        force, logp, sigma = self.target.force_logp_and_noise(theta, indices, optional=True)
+        force, sigma = self.target.force_and_noise(theta, indices, optional=True)
         xi = self.friction + h * sigma.trace() / (2.0 * self.dim)
-        return {"force": force, "logp": logp, "thermostat": xi}
+        return {"force": force, "thermostat": xi}
 
     def integrate(self, state, indices, noise, h):
         step = self._badodab if self.splitting == "BADODAB" else self._euler
