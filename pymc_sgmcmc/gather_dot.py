@@ -19,6 +19,11 @@ compiled graph. The rewrite is registered under the tag ``sgmcmc_gather_dot`` an
 default (it changes nothing for other PyTensor users); the samplers include it for the numba
 backend (:func:`~pymc_sgmcmc.gather_dot.with_gather_dot`), where the ops have their fused
 kernels. Other backends keep PyTensor's graph.
+
+A second rewrite, ``fuse_glm_products``, goes one step further where the gradient is
+``X[idx].T @ f(X[idx] @ w, ...)`` for an elementwise ``f`` and nothing else reads
+``X[idx] @ w``: :class:`~pymc_sgmcmc.gather_dot.GatherGLMProduct` computes it in one pass
+over the rows (about 30 % of an SGLD step on the linear regression, 12 % on the logistic one).
 """
 
 from __future__ import annotations
@@ -37,11 +42,17 @@ from pytensor.compile.mode import Mode, get_mode
 from pytensor.graph.basic import Apply, Constant
 from pytensor.graph.op import Op
 from pytensor.graph.rewriting.basic import in2out, node_rewriter
-from pytensor.link.numba.dispatch.basic import register_funcify_default_op_cache_key
+from pytensor.link.numba.cache import compile_numba_function_src
+from pytensor.link.numba.dispatch.basic import (
+    numba_funcify_and_cache_key,
+    numba_njit,
+    register_funcify_and_cache_key,
+    register_funcify_default_op_cache_key,
+)
 from pytensor.link.numba.linker import NumbaLinker
-from pytensor.scalar import upcast
+from pytensor.scalar import get_scalar_type, upcast
 from pytensor.tensor.basic import as_tensor_variable
-from pytensor.tensor.elemwise import DimShuffle
+from pytensor.tensor.elemwise import DimShuffle, Elemwise
 from pytensor.tensor.math import Dot
 from pytensor.tensor.shape import SpecifyShape
 from pytensor.tensor.subtensor import AdvancedSubtensor
@@ -106,6 +117,54 @@ class GatherTDot(_GatherProduct):
     @staticmethod
     def _numpy(x, idx, r):
         return x[idx].T @ r
+
+
+class GatherGLMProduct(Op):
+    """``X[idx].T @ f(X[idx] @ b, a_1, ..., a_m)`` in one pass over the minibatch rows.
+
+    ``f`` is an elementwise function (``scalar_op``, a PyTensor scalar op such as the
+    ``Composite`` of a fused ``Elemwise``) of the linear predictor ``z = X[idx] @ b`` (its
+    argument ``z_position``) and further columns ``a_k`` of shape (n, 1) or (1, 1): the
+    gradient of a likelihood that reads the data through one linear predictor (a linear or
+    generalised linear regression). Each row of ``X[idx]`` is read once: its weight
+    ``f(z_i, ...)`` is known as soon as its dot product is, and the row is added to the
+    gradient while it is still in the L1 cache. The two separate products read the n rows twice
+    (the second time from L2): in isolation the single pass took 20 instead of 27-30 us for
+    500 random rows of an X of 10,000 x 100 (14 instead of 21 us for rows already in cache).
+    """
+
+    __props__ = ("scalar_op", "z_position", "out_shape")
+
+    def __init__(self, scalar_op, z_position: int, out_shape: tuple[int | None, int | None]):
+        self.scalar_op = scalar_op
+        self.z_position = z_position
+        self.out_shape = tuple(out_shape)
+
+    def make_node(self, x, idx, b, *columns):
+        x, idx, b, *columns = map(as_tensor_variable, (x, idx, b, *columns))
+        shape = (x.type.shape[1], 1)
+        shape = tuple(s if s is not None else o for s, o in zip(shape, self.out_shape, strict=True))
+        out = pt.tensor(dtype=x.type.dtype, shape=shape)
+        return Apply(self, [x, idx, b, *columns], [out])
+
+    def _weights(self, z: np.ndarray, columns: list[np.ndarray]) -> np.ndarray:
+        args = list(columns)
+        args.insert(self.z_position, z)
+        f = np.frompyfunc(self.scalar_op.impl, len(args), 1)
+        return np.asarray(f(*args), dtype=z.dtype)
+
+    def perform(self, node, inputs, outputs):
+        x, idx, b, *columns = inputs
+        rows = x[idx]
+        z = rows @ b
+        for column, var in zip(columns, node.inputs[3:], strict=True):
+            expected = (1, 1) if var.type.broadcastable[0] else (len(idx), 1)
+            if column.shape != expected:
+                raise ValueError("GatherGLMProduct: shapes do not match")
+        out = rows.T @ self._weights(z, columns)
+        if not node.outputs[0].type.is_valid_value(out):
+            raise ValueError("GatherGLMProduct: shapes do not match")
+        outputs[0][0] = out
 
 
 # ---------------------------------------------------------------------- numba kernels
@@ -263,6 +322,100 @@ def _numba_gather_tdot(op, node, **kwargs):
     return gather_tdot, _CACHE_SALT
 
 
+#: The single-pass kernel of :class:`GatherGLMProduct`, as source: its loop calls the scalar
+#: function with the op's own arguments (``{args0}`` ... are filled in per op).
+_GLM_KERNEL = """
+def gather_glm(x, idx, b, {columns}):
+    n, d, n_rows = idx.shape[0], x.shape[1], x.shape[0]
+    if b.shape[0] != d or b.shape[1] != 1 or (rows >= 0 and d != rows):
+        raise ValueError("GatherGLMProduct: shapes do not match")
+{checks}
+    v = np.ascontiguousarray(b[:, 0])
+    g = np.zeros(d, dtype=dtype)
+    for k in range(min(PREFETCH_ROWS, n)):
+        _prefetch_row(x, idx[k])
+    i = 0
+    while i + 4 <= n:
+        for k in range(4):
+            if i + PREFETCH_ROWS + k < n:
+                _prefetch_row(x, idx[i + PREFETCH_ROWS + k])
+        r0, r1 = x[_row(idx[i], n_rows)], x[_row(idx[i + 1], n_rows)]
+        r2, r3 = x[_row(idx[i + 2], n_rows)], x[_row(idx[i + 3], n_rows)]
+        s0 = s1 = s2 = s3 = 0.0
+        for j in range(d):
+            vj = v[j]
+            s0 += r0[j] * vj
+            s1 += r1[j] * vj
+            s2 += r2[j] * vj
+            s3 += r3[j] * vj
+        w0 = f({args0})
+        w1 = f({args1})
+        w2 = f({args2})
+        w3 = f({args3})
+        for j in range(d):
+            g[j] += r0[j] * w0 + r1[j] * w1 + r2[j] * w2 + r3[j] * w3
+        i += 4
+    while i < n:
+        row = x[_row(idx[i], n_rows)]
+        s = 0.0
+        for j in range(d):
+            s += row[j] * v[j]
+        wi = f({args})
+        for j in range(d):
+            g[j] += row[j] * wi
+        i += 1
+    out = np.empty((d, 1), dtype=dtype)
+    out[:, 0] = g
+    return out
+"""
+
+
+def _glm_kernel_source(op: GatherGLMProduct, broadcast: list[bool]) -> str:
+    columns = [(f"a{k}", bc) for k, bc in enumerate(broadcast)]
+
+    def arguments(row: str, z: str) -> str:
+        values = [f"{a}[0, 0]" if bc else f"{a}[{row}, 0]" for a, bc in columns]
+        values.insert(op.z_position, z)
+        return ", ".join(values)
+
+    checks = [
+        f"    if {a}.shape[0] != {'1' if bc else 'n'} or {a}.shape[1] != 1:\n"
+        '        raise ValueError("GatherGLMProduct: shapes do not match")'
+        for a, bc in columns
+    ]
+    rows = {f"args{k}": arguments(f"i + {k}", f"s{k}") for k in range(4)}
+    names = ", ".join(a for a, _ in columns)
+    body = {"checks": "\n".join(checks), "args": arguments("i", "s"), **rows}
+    return _GLM_KERNEL.format(columns=names, **body)
+
+
+@register_funcify_and_cache_key(GatherGLMProduct)
+def _numba_gather_glm(op, node, **kwargs):
+    columns = node.inputs[3:]
+    dtypes = [c.type.dtype for c in columns]
+    dtypes.insert(op.z_position, node.outputs[0].type.dtype)
+    scalar_node = op.scalar_op.make_node(*(get_scalar_type(d)() for d in dtypes))
+    f, scalar_key = numba_funcify_and_cache_key(op.scalar_op, node=scalar_node, **kwargs)
+    broadcast = [bool(c.type.broadcastable[0]) for c in columns]
+    src = _glm_kernel_source(op, broadcast)
+    key = None
+    if scalar_key is not None:
+        key = hashlib.sha256(
+            f"{_CACHE_SALT}|{op.z_position}|{op.out_shape}|{broadcast}|{scalar_key}".encode()
+        ).hexdigest()
+    env = {
+        "np": np,
+        "f": f,
+        "dtype": np.dtype(node.outputs[0].dtype),
+        "rows": _static(op.out_shape)[0],
+        "PREFETCH_ROWS": PREFETCH_ROWS,
+        "_prefetch_row": _prefetch_row,
+        "_row": _row,
+    }
+    kernel = compile_numba_function_src(src, "gather_glm", env, cache_key=key)
+    return numba_njit(kernel), key
+
+
 #: PyTensor caches a compiled op under its class name and props: salting that key with the
 #: kernels' source makes an edited kernel recompile instead of loading the cached one.
 _CACHE_SALT = int(
@@ -278,8 +431,11 @@ _CACHE_SALT = int(
                 _gather_rmatvec,
                 _numba_gather_dot,
                 _numba_gather_tdot,
+                _glm_kernel_source,
+                _numba_gather_glm,
             )
         ).encode()
+        + _GLM_KERNEL.encode()
     ).hexdigest()[:12],
     16,
 )
@@ -338,10 +494,52 @@ def absorb_specified_shape(fgraph, node):
     return [new] if new.type == node.outputs[0].type else None
 
 
+@node_rewriter([GatherTDot])
+def fuse_glm_products(fgraph, node):
+    """``GatherTDot(X, idx, f(GatherDot(X, idx, b), a...))`` -> ``GatherGLMProduct`` for an
+    elementwise ``f`` (one ``Elemwise``, fused by then) of float64 columns, when nothing else
+    reads the predictor ``z = X[idx] @ b`` or the weights ``f(z, ...)``: the single pass
+    computes neither for others (a sampler that also needs ``z``, for per-observation
+    gradients, keeps the two products)."""
+    x, idx, weights = node.inputs
+    elemwise = weights.owner
+    if (
+        elemwise is None
+        or not isinstance(elemwise.op, Elemwise)
+        or len(elemwise.outputs) != 1
+        or len(fgraph.clients[weights]) != 1
+        or node.outputs[0].type.dtype != "float64"
+    ):
+        return None
+    positions = [
+        k
+        for k, var in enumerate(elemwise.inputs)
+        if var.owner is not None
+        and isinstance(var.owner.op, GatherDot)
+        and var.owner.inputs[:2] == [x, idx]
+    ]
+    if len(positions) != 1:
+        return None
+    (z_position,) = positions
+    z = elemwise.inputs[z_position]
+    columns = [v for k, v in enumerate(elemwise.inputs) if k != z_position]
+    if len(fgraph.clients[z]) != 1 or not all(
+        v.type.ndim == 2 and v.type.broadcastable[1] and v.type.dtype == "float64"
+        for v in [z, weights, *columns]
+    ):
+        return None
+    b = z.owner.inputs[2]
+    op = GatherGLMProduct(elemwise.op.scalar_op, z_position, node.outputs[0].type.shape)
+    new = op(x, idx, b, *columns)
+    return [new] if new.type == node.outputs[0].type else None
+
+
 # After specialisation (the products are in their final Dot form), before elemwise fusion (49).
 optdb.register(
     "fuse_gather_dots", in2out(fuse_gather_dots, absorb_specified_shape), TAG, position=48.5
 )
+# After elemwise fusion (49; ``f`` is then one Elemwise), before the in-place rewrites (49.5).
+optdb.register("fuse_glm_products", in2out(fuse_glm_products), TAG, position=49.25)
 
 
 def with_gather_dot(mode) -> Mode | str | None:

@@ -1,8 +1,9 @@
 """The fused minibatch products compute exactly what the gather and the product compute.
 
-``GatherDot(X, idx, B)`` is ``X[idx] @ B`` and ``GatherTDot(X, idx, R)`` is ``X[idx].T @ R``
-(NumPy's indexing rules included), the rewrite puts them only where that identity holds, and
-a sampler's chain is the same with and without them (up to the order of a floating-point sum).
+``GatherDot(X, idx, B)`` is ``X[idx] @ B``, ``GatherTDot(X, idx, R)`` is ``X[idx].T @ R``
+and ``GatherGLMProduct`` is ``X[idx].T @ f(X[idx] @ b, ...)`` (NumPy's indexing rules
+included), the rewrites put them only where that identity holds, and a sampler's chain is the
+same with and without them (up to the order of a floating-point sum).
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ from __future__ import annotations
 import numpy as np
 import pymc as pm
 import pytensor
+import pytensor.scalar as ps
 import pytensor.tensor as pt
 import pytest
 from models import GaussianRegression
@@ -17,9 +19,10 @@ from pytensor.scan.op import Scan
 
 import pymc_sgmcmc.base as base
 from pymc_sgmcmc import SGLD
-from pymc_sgmcmc.gather_dot import GatherDot, GatherTDot, with_gather_dot
+from pymc_sgmcmc.gather_dot import GatherDot, GatherGLMProduct, GatherTDot, with_gather_dot
 
 NUMBA = with_gather_dot(pytensor.compile.mode.get_mode("NUMBA"))
+FUSED = GatherDot | GatherTDot | GatherGLMProduct
 
 
 def fused_ops(fn) -> set[str]:
@@ -27,7 +30,7 @@ def fused_ops(fn) -> set[str]:
     found = set()
     for node in fn.maker.fgraph.apply_nodes:
         nodes = node.op.fgraph.apply_nodes if isinstance(node.op, Scan) else [node]
-        found |= {type(n.op).__name__ for n in nodes if isinstance(n.op, GatherDot | GatherTDot)}
+        found |= {type(n.op).__name__ for n in nodes if isinstance(n.op, FUSED)}
     return found
 
 
@@ -122,8 +125,69 @@ def test_sampler_chain_is_the_same_with_and_without_the_fused_products(monkeypat
         return step, idata.posterior["w"].values[0]
 
     step, fused = draws()
-    assert fused_ops(step._block_function(None)[0]) == {"GatherDot", "GatherTDot"}
+    # The force in one pass; the minibatch log-density (a second scan) reads X[idx] @ w.
+    assert fused_ops(step._block_function(None)[0]) == {"GatherDot", "GatherGLMProduct"}
     monkeypatch.setattr(base, "with_gather_dot", lambda mode: mode)
     step, plain = draws()
     assert fused_ops(step._block_function(None)[0]) == set()
     np.testing.assert_allclose(fused, plain, rtol=0, atol=1e-9)
+
+
+def glm_gradients(idx, w):
+    """Gradients of minibatch log-likelihoods that read the data through X[idx] @ w: a
+    linear regression with a noise scale that stays an input (a (1, 1) column of f) and a
+    logistic regression (f: a fused Composite of y[idx] and z)."""
+    rng = np.random.default_rng(1)
+    data = pytensor.shared(rng.standard_normal((40, 6)))
+    y = pytensor.shared((rng.random(40) < 0.5).astype("float64"))
+    sigma = pytensor.shared(np.array(0.7))
+    z = data[idx] @ w
+    linear = -0.5 * pt.sum(((y[idx] - z) / sigma) ** 2)
+    logistic = pt.sum(y[idx] * z - pt.softplus(z))
+    return [pt.grad(linear, w), pt.grad(logistic, w)]
+
+
+@pytest.mark.parametrize("n", [10, 31, 3])  # 31: rows past the prefetch distance and a tail
+def test_single_pass_product_equals_the_two_products(n):
+    idx, w = pt.vector("idx", dtype="int64", shape=(n,)), pt.vector("w", shape=(6,))
+    args = (np.random.default_rng(2).integers(-40, 40, size=n), np.linspace(-1, 1, 6))
+    for grad in glm_gradients(idx, w):
+        fused = pytensor.function([idx, w], grad, mode=NUMBA)
+        assert "GatherGLMProduct" in fused_ops(fused) and "GatherDot" not in fused_ops(fused)
+        plain = pytensor.function([idx, w], grad, mode="NUMBA")
+        np.testing.assert_allclose(fused(*args), plain(*args), rtol=1e-12, atol=1e-12)
+        # The NumPy perform of the same op (the graph the rewrite produced).
+        python = pytensor.function(
+            [idx, w], grad, mode=NUMBA.clone(linker="py", optimizer=NUMBA.optimizer)
+        )
+        assert "GatherGLMProduct" in fused_ops(python)
+        np.testing.assert_allclose(python(*args), plain(*args), rtol=1e-12, atol=1e-12)
+
+
+def test_single_pass_only_where_nothing_else_reads_the_predictor():
+    """With the log-density as an output, X[idx] @ w is needed on its own: the two products
+    stay (the single pass would compute it twice)."""
+    idx, w = pt.vector("idx", dtype="int64", shape=(10,)), pt.vector("w", shape=(6,))
+    data = pytensor.shared(np.ones((40, 6)))
+    logp = -0.5 * pt.sum((data[idx] @ w) ** 2)
+    fn = pytensor.function([idx, w], [logp, pt.grad(logp, w)], mode=NUMBA)
+    assert fused_ops(fn) == {"GatherDot", "GatherTDot"}
+
+
+@pytest.mark.parametrize("mode", ["NUMBA", "FAST_COMPILE"])
+def test_single_pass_product_checks_shapes_and_rows(mode):
+    x, i, b = pt.matrix(), pt.vector(dtype="int64"), pt.matrix()
+    column, scalar = pt.tensor(shape=(None, 1)), pt.tensor(shape=(1, 1))
+    op = GatherGLMProduct(ps.sub, 1, (None, 1))  # f(a, z) = a - z
+    out = op(x, i, b, column) * 1.0 + op(x, i, b, scalar)
+    fn = pytensor.function([x, i, b, column, scalar], out, mode=mode)
+    X, idx, B = np.arange(15.0).reshape(5, 3), np.array([0, 4, -1]), np.ones((3, 1))
+    a, c = np.full((3, 1), 2.0), np.full((1, 1), 3.0)
+    z = X[idx] @ B
+    np.testing.assert_allclose(fn(X, idx, B, a, c), X[idx].T @ ((a - z) + (c - z)))
+    with pytest.raises(ValueError):
+        fn(X, idx, B, np.ones((2, 1)), c)  # a column that does not fit the minibatch
+    with pytest.raises(ValueError):
+        fn(X, idx, np.ones((4, 1)), a, c)  # b does not fit X's columns
+    with pytest.raises(IndexError):
+        fn(X, np.array([0, 5, 1]), B, a, c)
