@@ -222,6 +222,24 @@ def _row(i, n_rows):
     return i
 
 
+@numba.njit(cache=True)
+def _column(b, c):
+    """A contiguous copy of column c of b. Element by element, like :func:`_set_column`:
+    numba's slice assignment compiles the formatting of its shape-mismatch error message,
+    about 2 s of a cold compile per kernel that uses it."""
+    out = np.empty(b.shape[0], dtype=b.dtype)
+    for j in range(b.shape[0]):
+        out[j] = b[j, c]
+    return out
+
+
+@numba.njit(cache=True)
+def _set_column(out, c, col):
+    """out[:, c] = col (see :func:`_column`)."""
+    for i in range(col.shape[0]):
+        out[i, c] = col[i]
+
+
 @numba.njit(cache=True, fastmath=True)
 def _gather_matvec(x, idx, v, out):
     """out[i] = x[idx[i]] . v, four rows at a time; the first rows are prefetched here, the
@@ -293,8 +311,8 @@ def _numba_gather_dot(op, node, **kwargs):
         out = np.empty((idx.shape[0], b.shape[1]), dtype=dtype)
         col = np.empty(idx.shape[0], dtype=dtype)
         for c in range(b.shape[1]):
-            _gather_matvec(x, idx, np.ascontiguousarray(b[:, c]), col)
-            out[:, c] = col
+            _gather_matvec(x, idx, _column(b, c), col)
+            _set_column(out, c, col)
         return out
 
     return gather_dot, _CACHE_SALT
@@ -315,8 +333,8 @@ def _numba_gather_tdot(op, node, **kwargs):
         col = np.empty(x.shape[1], dtype=dtype)
         for c in range(r.shape[1]):
             col[:] = 0.0
-            _gather_rmatvec(x, idx, np.ascontiguousarray(r[:, c]), col)
-            out[:, c] = col
+            _gather_rmatvec(x, idx, _column(r, c), col)
+            _set_column(out, c, col)
         return out
 
     return gather_tdot, _CACHE_SALT
@@ -330,7 +348,7 @@ def gather_glm(x, idx, b, {columns}):
     if b.shape[0] != d or b.shape[1] != 1 or (rows >= 0 and d != rows):
         raise ValueError("GatherGLMProduct: shapes do not match")
 {checks}
-    v = np.ascontiguousarray(b[:, 0])
+    v = _column(b, 0)
     g = np.zeros(d, dtype=dtype)
     for k in range(min(PREFETCH_ROWS, n)):
         _prefetch_row(x, idx[k])
@@ -365,7 +383,7 @@ def gather_glm(x, idx, b, {columns}):
             g[j] += row[j] * wi
         i += 1
     out = np.empty((d, 1), dtype=dtype)
-    out[:, 0] = g
+    _set_column(out, 0, g)
     return out
 """
 
@@ -411,6 +429,8 @@ def _numba_gather_glm(op, node, **kwargs):
         "PREFETCH_ROWS": PREFETCH_ROWS,
         "_prefetch_row": _prefetch_row,
         "_row": _row,
+        "_column": _column,
+        "_set_column": _set_column,
     }
     kernel = compile_numba_function_src(src, "gather_glm", env, cache_key=key)
     return numba_njit(kernel), key
@@ -426,6 +446,8 @@ _CACHE_SALT = int(
                 _prefetch._defn,  # the intrinsic's Python definition
                 _prefetch_row,
                 _row,
+                _column,
+                _set_column,
                 _static,
                 _gather_matvec,
                 _gather_rmatvec,
