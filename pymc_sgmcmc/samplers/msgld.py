@@ -39,7 +39,9 @@ class MSGLD(SGMCMC):
     -----
     ``tune`` draws adapt the kernel (step size if not given, diagonal preconditioner, thin;
     see :class:`pymc_sgmcmc.base.SGMCMC`); after tuning the kernel is fixed. One step costs
-    one minibatch force and its per-observation gradients (about 1.1-1.4 SGLD steps).
+    one minibatch force and its per-observation gradients: 1.6 SGLD steps on the benchmark
+    suite's logistic regression, 2.8 on its linear regression, where SGLD's gradient is one pass
+    over the minibatch rows (``benchmarks/suite_results.md``).
 
     Sampler stats
     -------------
