@@ -195,13 +195,14 @@ DEFAULT_TUNE = 1000
 
 
 def cores_table(key: str, thin: int, draws: int, default_draws: int) -> list[str]:
-    """``cores=2`` against ``cores=1`` for cheap draws (``thin`` steps of a fixed step size)
-    and for the default ``SGLD()`` (adapted step size, thin = relaxation time), alternated.
-    The ratio is of integrator steps/s: with the defaults each chain adapts its own thin."""
+    """``cores=2`` against ``cores=1`` for the cheapest draws (thin = 1, the default with a
+    given step size), for cheap draws (``thin`` steps of a fixed step size) and for the
+    default ``SGLD()`` (adapted step size, thin = relaxation time), alternated. The ratio is
+    of integrator steps/s: with the defaults each chain adapts its own thin."""
     problem = make_problem(key)
     lines = [
         f"{key} SGLD: steady draws/s and steps/s of all chains (wall time), the main process's "
-        f"CPU per draw, and the thins; thin = {thin}: {draws} draws per chain at eps = "
+        f"CPU per draw, and the thins; thin = 1 and {thin}: {draws} draws per chain at eps = "
         f"{STEP_SIZES['SGLD']:g}; default: `SGLD()`, {DEFAULT_TUNE} tuning + {default_draws} "
         "draws per chain",
         "",
@@ -209,7 +210,12 @@ def cores_table(key: str, thin: int, draws: int, default_draws: int) -> list[str
         "| cores=2, 2 chains | ratio of steps/s |",
         "| --- | --- | --- | --- | --- |",
     ]
-    for label, config, n in ((f"thin = {thin}", thin, draws), ("default", None, default_draws)):
+    configurations = [
+        ("thin = 1", 1, draws),
+        (f"thin = {thin}", thin, draws),
+        ("default", None, default_draws),
+    ]
+    for label, config, n in configurations:
         for run in (1, 2):
             cells, rates = [], []
             for chains in (1, 2):
@@ -274,7 +280,7 @@ def main(argv: list[str]) -> None:
     parser.add_argument("--problems", nargs="+", default=["P1", "P3"])
     parser.add_argument("--thin", type=int, default=10)
     parser.add_argument("--repeats", type=int, default=7)
-    parser.add_argument("--draws", type=int, default=4000, help="per chain, for 'cores'")
+    parser.add_argument("--draws", type=int, default=20000, help="per chain, for 'cores'")
     parser.add_argument(
         "--default-draws", type=int, default=300, help="per chain, for 'cores' at the defaults"
     )

@@ -1,5 +1,6 @@
 """Stochastic-gradient MCMC for PyMC: ``pm.sample(step=SGLD(step_size=...))``."""
 
+from pymc_sgmcmc import parallel
 from pymc_sgmcmc.model_layer import ModelError
 from pymc_sgmcmc.samplers import (
     MSGLD,
@@ -24,3 +25,6 @@ __all__ = [
     "PolynomialDecay",
 ]
 __version__ = "0.1.0"
+
+# pm.sample(cores > 1): SG chains hand their draws to the main process in batches.
+parallel.install()

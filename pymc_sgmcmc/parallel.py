@@ -1,0 +1,283 @@
+"""Parallel chains (``pm.sample(cores > 1)``) that hand their draws over in batches.
+
+PyMC runs each chain in a worker process that hands every draw to the main process through a
+pipe, then waits until the main process has taken it (``pymc.sampling.parallel``): one
+round trip, two process wake-ups, per draw. An SG draw is cheap -- a few integrator steps,
+served from a compiled block -- so the chains spent most of their time in that hand-over:
+with ``thin=10`` two chains on two cores delivered 1.0-1.2x the draws per second of one
+chain, with ``thin=1`` 0.55x; handed over in batches, 2.0x and 1.7-1.8x
+(``benchmarks/engine.py cores``).
+
+Here a worker computes draws for up to ``BATCH_SECONDS`` (at most as many as fit in its
+shared buffer, ``BATCH_BYTES``), then hands them over together; while the main process
+records a batch, the workers compute the next. Only the hand-over changes: every chain runs
+the same step method from the same generator as with ``cores=1``, so the draws are the same.
+
+This module's ``ParallelSampler`` takes the place of ``pymc.sampling.parallel.ParallelSampler``
+when ``pymc_sgmcmc`` is imported (``pm.sample`` looks the class up there and offers no other
+hook); for any step method but an SG sampler it runs PyMC's own code, unchanged.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import time
+from typing import Any
+
+import numpy as np
+import pymc.sampling.parallel as ps
+from pymc.blocking import DictToArrayBijection
+from pymc.progress_bar import MCMCProgressBarManager, default_progress_theme
+from pymc.util import get_state_from_generator
+
+__all__ = ["BATCH_BYTES", "BATCH_SECONDS", "ParallelSampler", "install"]
+
+#: A worker hands over the draws it computed in about this time (at least one draw): short
+#: enough for a live progress bar and a prompt interrupt, long enough that the round trip
+#: costs little (a P1 SGLD draw at thin = 10 takes ~0.25 ms: ~200 draws per batch).
+BATCH_SECONDS = 0.05
+#: Upper bound on one chain's shared buffer of draws (the batch holds fewer draws of a large
+#: model).
+BATCH_BYTES = 16 * 2**20
+
+
+def batch_capacity(point: dict[str, np.ndarray]) -> int:
+    """Draws of ``point``'s size that fit in one chain's buffer of :data:`BATCH_BYTES`."""
+    point_bytes = sum(np.asarray(value).nbytes for value in point.values())
+    return max(1, BATCH_BYTES // max(point_bytes, 1))
+
+
+class _BatchProcess(ps._Process):
+    """A chain's worker: PyMC's, but handing over a batch of draws per round trip.
+
+    Messages: ``("writing_done", first_draw, count, stats_per_draw)`` once the batch is in the
+    shared buffer (slot k holds draw ``first_draw + k``), answered by ``("write_next",)``."""
+
+    def _start_loop(self):
+        total = self._draws + self._tune  # _draws excludes tuning, as in PyMC's loop
+        self._step_method.setup_chain(self._rng, self._tune, self._draws)
+        msg = self._recv_msg()
+        if msg[0] == "abort":
+            raise KeyboardInterrupt()
+        if msg[0] != "start":
+            raise ValueError("Unexpected msg " + msg[0])
+
+        capacity = next(iter(self._point.values())).shape[0]
+        point = {name: np.array(values[0]) for name, values in self._point.items()}  # the start
+        draw = 0
+        while draw < total:
+            points, stats = [], []
+            started = time.perf_counter()
+            while draw + len(points) < total and len(points) < capacity:
+                if draw + len(points) == self._tune:
+                    self._step_method.stop_tuning()
+                point, draw_stats = self._step_method.step(point)
+                points.append(point)
+                stats.append(draw_stats)
+                if time.perf_counter() - started >= BATCH_SECONDS:
+                    break
+
+            msg = self._recv_msg()
+            if msg[0] == "abort":
+                raise KeyboardInterrupt()
+            if msg[0] != "write_next":
+                raise ValueError("Unknown message " + msg[0])
+            for k, (p, s) in enumerate(zip(points, stats, strict=True)):
+                if self._zarr_recording:
+                    self._zarr_chain.record(p, s, in_warmup=draw + k < self._tune)
+                for name, values in p.items():
+                    self._point[name][k] = values
+            self._msg_pipe.send(("writing_done", draw, len(points), stats))
+            draw += len(points)
+
+
+def _run_batch_process(*args):
+    _BatchProcess(*args).run()
+
+
+class _BatchProcessAdapter(ps.ProcessAdapter):
+    """PyMC's handle on a chain's process, with a shared buffer of ``capacity`` draws
+    instead of one point, and :class:`_BatchProcess` as the worker."""
+
+    def __init__(
+        self,
+        draws: int,
+        tune: int,
+        step_method,
+        step_method_pickled,
+        chain: int,
+        rng: np.random.Generator,
+        start: dict[str, np.ndarray],
+        blas_cores,
+        mp_ctx,
+        zarr_chains=None,
+        zarr_chains_pickled=None,
+    ):
+        self.chain = chain
+        self._msg_pipe, remote_conn = mp_ctx.Pipe()
+        self.capacity = batch_capacity(start)
+        self._shared_point, self._point = {}, {}
+        for name, shape, size, dtype in DictToArrayBijection.map(start).point_map_info:
+            byte_size = self.capacity * size * dtype.itemsize
+            if byte_size != ctypes.c_size_t(byte_size).value:
+                raise ValueError(f"Variable {name} is too large")
+            array = mp_ctx.RawArray("c", byte_size)
+            self._shared_point[name] = (array, (self.capacity, *shape), dtype)
+            self._point[name] = np.frombuffer(array, dtype).reshape((self.capacity, *shape))
+            self._point[name][0] = start[name]
+        self._readable = True
+        self._num_samples = 0
+
+        if step_method_pickled is None and mp_ctx.get_start_method() == "spawn":
+            raise ValueError("a spawned worker needs the step method pickled")
+        zarr_send = zarr_chains_pickled if zarr_chains_pickled is not None else zarr_chains
+        self._process = mp_ctx.Process(
+            daemon=True,
+            name=f"worker_chain_{chain}",
+            target=_run_batch_process,
+            args=(
+                f"worker_chain_{chain}",
+                remote_conn,
+                step_method if step_method_pickled is None else step_method_pickled,
+                step_method_pickled is not None,
+                self._shared_point,
+                draws,
+                tune,
+                get_state_from_generator(rng),
+                blas_cores,
+                chain,
+                mp_ctx.get_start_method(),
+                zarr_send,
+                zarr_chains_pickled is not None,
+            ),
+        )
+        self._process.start()
+        remote_conn.close()  # so that a dead worker shows as a closed pipe
+
+    @staticmethod
+    def recv_batch(processes) -> tuple[_BatchProcessAdapter, int, int, list]:
+        """The next batch of any of ``processes``: the chain, its first draw's index, the
+        number of draws and their stats (the draws are in the chain's shared buffer)."""
+        ready = ps.multiprocessing.connection.wait([proc._msg_pipe for proc in processes])
+        proc = next(p for p in processes if p._msg_pipe is ready[0])
+        msg = ready[0].recv()
+        if msg[0] == "error":
+            raise ps.ParallelSamplingError(
+                f"Chain {proc.chain} failed with: {msg[1]}", proc.chain
+            ) from msg[1]
+        if msg[0] != "writing_done":
+            raise ValueError("Sampler sent bad message.")
+        _, first, count, stats = msg
+        proc._readable = True
+        proc._num_samples += count
+        return proc, first, count, stats
+
+
+class ParallelSampler(ps.ParallelSampler):
+    """PyMC's parallel sampler; for an SG step method the chains hand over their draws in
+    batches (see the module docstring). Every other step method runs PyMC's own code."""
+
+    def __init__(self, *, step_method, **kwargs: Any):
+        from pymc_sgmcmc.base import SGMCMC
+
+        self._batched = isinstance(step_method, SGMCMC)
+        if not self._batched:
+            super().__init__(step_method=step_method, **kwargs)
+            return
+        self._init_batched(step_method=step_method, **kwargs)
+
+    def _init_batched(
+        self,
+        *,
+        draws: int,
+        tune: int,
+        chains: int,
+        cores: int,
+        rngs,
+        start_points,
+        step_method,
+        progressbar=True,
+        progressbar_theme=default_progress_theme,
+        blas_cores=None,
+        mp_ctx=None,
+        zarr_chains=None,
+    ):
+        # As PyMC's ParallelSampler.__init__, with the batch adapters.
+        if any(len(arg) != chains for arg in [rngs, start_points]):
+            raise ValueError(f"Number of rngs and start_points must be {chains}.")
+        if mp_ctx is None or isinstance(mp_ctx, str):
+            mp_ctx = ps._initialize_multiprocessing_context(mp_ctx)
+        step_pickled = zarr_pickled = None
+        self.zarr_recording = zarr_chains is not None
+        if mp_ctx.get_start_method() != "fork":
+            step_pickled = ps.cloudpickle.dumps(step_method, protocol=-1)
+            if zarr_chains is not None:
+                zarr_pickled = ps.cloudpickle.dumps(zarr_chains, protocol=-1)
+        self._tune, self._total = tune, draws + tune
+        self._samplers = [
+            _BatchProcessAdapter(
+                draws,
+                tune,
+                step_method,
+                step_pickled,
+                chain,
+                rng,
+                start,
+                blas_cores,
+                mp_ctx,
+                zarr_chains=zarr_chains if zarr_pickled is None else None,
+                zarr_chains_pickled=zarr_pickled,
+            )
+            for chain, rng, start in zip(range(chains), rngs, start_points, strict=True)
+        ]
+        self._inactive = self._samplers.copy()
+        self._finished = []
+        self._active = []
+        self._max_active = cores
+        self._in_context = False
+        self._progress = MCMCProgressBarManager(
+            step_method=step_method,
+            chains=chains,
+            draws=draws,
+            tune=tune,
+            progressbar=progressbar,
+            progressbar_theme=progressbar_theme,
+        )
+
+    def __iter__(self):
+        if not self._batched:
+            yield from super().__iter__()
+            return
+        if not self._in_context:
+            raise ValueError("Use ParallelSampler as context manager.")
+        self._make_active()
+        with self._progress:
+            while self._active:
+                proc, first, count, stats = _BatchProcessAdapter.recv_batch(self._active)
+                chain_done = first + count == self._total
+                # Copied out before the worker may overwrite the buffer with its next batch.
+                points = {name: v[:count].copy() for name, v in proc.shared_point_view.items()}
+                if chain_done:
+                    proc.join()
+                    self._active.remove(proc)
+                    self._finished.append(proc)
+                    self._make_active()
+                else:
+                    proc.write_next()
+                for k in range(count):
+                    draw, is_last = first + k, chain_done and k == count - 1
+                    tuning = draw < self._tune
+                    self._progress.update(
+                        chain_idx=proc.chain,
+                        is_last=is_last,
+                        draw=draw,
+                        tuning=tuning,
+                        stats=stats[k],
+                    )
+                    point = {name: values[k] for name, values in points.items()}
+                    yield ps.Draw(proc.chain, is_last, draw, tuning, stats[k], point)
+
+
+def install() -> None:
+    """Make ``pm.sample(cores > 1)`` use this module's ``ParallelSampler`` (idempotent)."""
+    ps.ParallelSampler = ParallelSampler

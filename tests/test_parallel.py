@@ -1,0 +1,90 @@
+"""Parallel chains (``cores > 1``) hand their draws to the main process in batches.
+
+The batches change how draws travel, never which draws a chain makes: every test compares
+with the sequential run of the same seed, bit for bit. Worker processes start with
+``forkserver``: they must not inherit this process's threads (JAX's, when the JAX tests ran
+earlier in it).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pymc as pm
+import pymc.sampling.parallel as ps
+import pytest
+from models import GaussianRegression
+
+from pymc_sgmcmc import SGNHT
+from pymc_sgmcmc import parallel as sg_parallel
+
+SAMPLE_KWARGS = dict(progressbar=False, compute_convergence_checks=False)
+
+
+@pytest.fixture
+def handovers(monkeypatch):
+    """The draws of each batch the main process receives from a worker."""
+    counts: list[int] = []
+    receive = sg_parallel._BatchProcessAdapter.recv_batch
+
+    def counting(processes):
+        proc, first, count, stats = receive(processes)
+        counts.append(count)
+        return proc, first, count, stats
+
+    monkeypatch.setattr(sg_parallel._BatchProcessAdapter, "recv_batch", staticmethod(counting))
+    return counts
+
+
+def test_pm_sample_uses_the_batching_sampler():
+    assert ps.ParallelSampler is sg_parallel.ParallelSampler
+
+
+def test_batched_chains_equal_sequential_chains(handovers):
+    # Three chains on two cores (one waits for a free core), tuning draws kept: every draw,
+    # tuning flag and stat arrives where the sequential run puts it.
+    with GaussianRegression.make(n_obs=500, dim=2, batch_size=50).model():
+        step = SGNHT(step_size=1e-3, friction=5.0, thin=3)
+        kwargs = dict(
+            draws=700, tune=300, step=step, chains=3, random_seed=7,
+            discard_tuned_samples=False, **SAMPLE_KWARGS,
+        )  # fmt: skip
+        sequential = pm.sample(cores=1, **kwargs)
+        parallel = pm.sample(cores=2, mp_ctx="forkserver", **kwargs)
+    for group in ("posterior", "warmup_posterior", "sample_stats", "warmup_sample_stats"):
+        assert set(sequential[group].data_vars) == set(parallel[group].data_vars)
+        for name in sequential[group].data_vars:
+            np.testing.assert_array_equal(
+                sequential[group][name].values, parallel[group][name].values, err_msg=name
+            )
+    assert sum(handovers) == 3 * 1000
+    assert len(handovers) < 3 * 1000 / 10, "draws travel in batches"
+
+
+class FailingSGNHT(SGNHT):
+    """Raises in the worker at its 50th draw."""
+
+    def astep(self, q0):
+        if self.step_count >= 50 * self.thin:
+            raise RuntimeError("integrator exploded")
+        return super().astep(q0)
+
+
+def test_an_error_in_a_worker_reaches_the_caller():
+    with GaussianRegression.make(n_obs=500, dim=2, batch_size=50).model():
+        step = FailingSGNHT(step_size=1e-3, friction=5.0)
+        with pytest.raises(ps.ParallelSamplingError, match="integrator exploded"):
+            pm.sample(
+                draws=100, tune=0, step=step, chains=2, cores=2, random_seed=1,
+                mp_ctx="forkserver", **SAMPLE_KWARGS,
+            )  # fmt: skip
+
+
+def test_other_step_methods_run_pymc_own_parallel_sampler(handovers):
+    with pm.Model():
+        pm.Normal("x")
+        idata = pm.sample(
+            draws=50, tune=50, step=pm.Metropolis(), chains=2, cores=2, random_seed=1,
+            mp_ctx="forkserver", **SAMPLE_KWARGS,
+        )  # fmt: skip
+    assert idata.posterior["x"].shape == (2, 50)
+    assert handovers == []
