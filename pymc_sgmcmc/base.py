@@ -51,6 +51,7 @@ from pymc_sgmcmc.model_layer import (
     SGModel,
     moving_average,
 )
+from pymc_sgmcmc.numba_compile import plain_assignment_errors
 from pymc_sgmcmc.runaway import (
     STRIDE,
     runaway_flags,
@@ -805,7 +806,10 @@ class SGMCMC(ArrayStepShared):
         sequences = _padded([*indices, noise, h, np.ones(n_steps, dtype=bool)], length)
         checked, stored_steps = self._logp_steps(length or n_steps)
         logp_steps = checked if checked is stored_steps else np.concatenate([checked, stored_steps])
-        out = block_fn(*(self.chain_state[n] for n in names), *sequences, logp_steps, *self._kernel)
+        with plain_assignment_errors():  # numba compiles the block at its first call
+            out = block_fn(
+                *(self.chain_state[n] for n in names), *sequences, logp_steps, *self._kernel
+            )
         # JAX returns read-only views of its buffers, which PyMC's trace cannot take.
         out = [o if o.flags.writeable else np.array(o) for o in map(np.asarray, out)]
         final, logps = out[: len(names)], out[-1]

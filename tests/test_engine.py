@@ -145,3 +145,25 @@ def test_small_minibatches_of_a_large_data_set_are_not_flagged_as_divergent():
         step = SGLD(step_size=1e-5, thin=1, adapt_preconditioner=False, block_steps=1000)
         idata = pm.sample(draws=3000, step=step, random_seed=1, **SAMPLE_KWARGS)
     assert int(idata.sample_stats["diverging"].sum()) == 0
+
+
+def test_blocks_compile_with_plain_assignment_errors():
+    # The plain message only while compiling (numba resolves the raising function then), and
+    # numba's detailed one restored afterwards.
+    import numba
+    import numba.np.arrayobj as arrayobj
+
+    from pymc_sgmcmc.numba_compile import plain_assignment_errors
+
+    detailed = arrayobj.raise_with_shape_context
+
+    @numba.njit
+    def assign_row(a, b):
+        a[0] = b
+
+    with plain_assignment_errors():
+        with pytest.raises(ValueError, match=r"^cannot assign slice from input of different size$"):
+            assign_row(np.zeros((2, 3)), np.ones(4))
+    assert arrayobj.raise_with_shape_context is detailed
+    assign_row(a := np.zeros((2, 3)), np.ones(3))  # compiled: still assigns
+    assert a[0].tolist() == [1.0, 1.0, 1.0]
