@@ -22,6 +22,10 @@ import time
 import warnings
 from pathlib import Path
 
+import single_thread  # noqa: F401  (before NumPy: one thread per runtime)
+
+# isort: split
+
 import numpy as np
 import pymc as pm
 
