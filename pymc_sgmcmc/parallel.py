@@ -5,8 +5,9 @@ pipe, then waits until the main process has taken it (``pymc.sampling.parallel``
 round trip, two process wake-ups, per draw. An SG draw is cheap -- a few integrator steps,
 served from a compiled block -- so the chains spent most of their time in that hand-over:
 with ``thin=10`` two chains on two cores delivered 1.0-1.2x the draws per second of one
-chain, with ``thin=1`` 0.55x; handed over in batches, 2.0x and 1.7-1.8x
-(``benchmarks/engine.py cores``).
+chain, with ``thin=1`` 0.55x; handed over in batches, 1.8-2.1x and 1.0-1.8x (at ``thin=1``
+the workers and the main process, which records every draw, need more than two cores;
+``benchmarks/engine.py cores``).
 
 Here a worker computes draws for up to ``BATCH_SECONDS`` (at most as many as fit in its
 shared buffer, ``BATCH_BYTES``), then hands them over together; while the main process
