@@ -97,8 +97,9 @@ def _run_batch_process(*args):
 
 
 class _BatchProcessAdapter(ps.ProcessAdapter):
-    """PyMC's handle on a chain's process, with a shared buffer of ``capacity`` draws
-    instead of one point, and :class:`_BatchProcess` as the worker."""
+    """PyMC's handle on a chain's process, with a shared buffer of :func:`batch_capacity`
+    draws instead of one point, and :class:`_BatchProcess` as the worker (the step method is
+    pickled for every start method but fork, as PyMC does)."""
 
     def __init__(
         self,
@@ -116,21 +117,19 @@ class _BatchProcessAdapter(ps.ProcessAdapter):
     ):
         self.chain = chain
         self._msg_pipe, remote_conn = mp_ctx.Pipe()
-        self.capacity = batch_capacity(start)
+        capacity = batch_capacity(start)
         self._shared_point, self._point = {}, {}
         for name, shape, size, dtype in DictToArrayBijection.map(start).point_map_info:
-            byte_size = self.capacity * size * dtype.itemsize
+            byte_size = capacity * size * dtype.itemsize
             if byte_size != ctypes.c_size_t(byte_size).value:
                 raise ValueError(f"Variable {name} is too large")
             array = mp_ctx.RawArray("c", byte_size)
-            self._shared_point[name] = (array, (self.capacity, *shape), dtype)
-            self._point[name] = np.frombuffer(array, dtype).reshape((self.capacity, *shape))
+            self._shared_point[name] = (array, (capacity, *shape), dtype)
+            self._point[name] = np.frombuffer(array, dtype).reshape((capacity, *shape))
             self._point[name][0] = start[name]
         self._readable = True
         self._num_samples = 0
 
-        if step_method_pickled is None and mp_ctx.get_start_method() == "spawn":
-            raise ValueError("a spawned worker needs the step method pickled")
         zarr_send = zarr_chains_pickled if zarr_chains_pickled is not None else zarr_chains
         self._process = mp_ctx.Process(
             daemon=True,
