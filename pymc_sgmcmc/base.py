@@ -8,7 +8,9 @@ step-method contract (``PLATFORM_NOTES.md``):
   the minibatch indices, the Gaussian noise and the step sizes, all drawn here, in NumPy, from
   the chain's own generator: runs are reproducible whatever ``cores`` is, and every chain has
   its own minibatch stream; every step has an ``active`` flag (an inactive step leaves the
-  state unchanged), so that backends with static shapes (JAX) run short blocks padded;
+  state unchanged), so that backends with static shapes (JAX) run short blocks padded, and a
+  ``logp`` flag: the minibatch log-density at the draw is a lazy branch (``ifelse``) computed
+  only at the steps the host reads (the stored draws and the runaway check's);
 * ``astep`` hands out the stored draws of a block one by one (every ``thin``-th step);
 * a non-finite state, a position beyond ``divergence_threshold`` or a collapse of the
   minibatch log-density far below the chain's typical value flags ``diverging``;
@@ -34,6 +36,7 @@ from pymc.step_methods.compound import Competence, StepMethodState
 from pymc.step_methods.state import dataclass_state
 from pytensor import config
 from pytensor.compile.mode import get_mode
+from pytensor.conditional.op import ifelse
 from pytensor.link.jax.linker import JAXLinker
 from pytensor.tensor.variable import TensorVariable
 from rich.progress import TextColumn
@@ -51,7 +54,7 @@ from pymc_sgmcmc.model_layer import (
     SGModel,
     moving_average,
 )
-from pymc_sgmcmc.numba_compile import plain_assignment_errors
+from pymc_sgmcmc.numba_compile import lean_cache_wrappers, plain_assignment_errors
 from pymc_sgmcmc.runaway import (
     STRIDE,
     runaway_flags,
@@ -447,13 +450,21 @@ class SGMCMC(ArrayStepShared):
         noise_seq = pt.tensor("noise_seq", shape=(length, self.noise_vectors, self.dim))
         h_seq = pt.vector("h_seq", shape=(length,))
         active_seq = pt.vector("active_seq", dtype="bool", shape=(length,))
+        logp_seq = pt.vector("logp_seq", dtype="bool", shape=(length,))
+        # The same minibatch indices again, for the log-density: through a separate input
+        # PyTensor cannot merge the log-density's products with the force's at the same point
+        # (SGLD's force at the draw), which would make every step compute them for the lazy
+        # branch and keep the force from its fused single pass (``fuse_glm_products``).
+        logp_index_seqs = [
+            pt.matrix(f"logp_{s.name}", dtype="int64", shape=s.type.shape) for s in index_seqs
+        ]
         n_idx = len(index_seqs)
         stat_names: list[str] = []
 
         def one_step(*args):
-            idx_t = list(args[:n_idx])
-            noise_t, h_t, active_t = args[n_idx : n_idx + 3]
-            state = dict(zip(names, args[n_idx + 3 :], strict=True))
+            idx_t, logp_idx_t = list(args[:n_idx]), list(args[n_idx : 2 * n_idx])
+            noise_t, h_t, active_t, logp_t = args[2 * n_idx : 2 * n_idx + 4]
+            state = dict(zip(names, args[2 * n_idx + 4 :], strict=True))
             step = self.integrate(state, idx_t, noise_t, h_t)
             stat_names[:] = list(step.stats)
             new = [step.state[n] for n in names]
@@ -461,32 +472,37 @@ class SGMCMC(ArrayStepShared):
             sane = pt.all([pt.all(pt.isfinite(v)) for v in [*new, draw]]) & (
                 pt.max(pt.abs(draw)) < self.divergence_threshold
             )
+            # The minibatch log-density only at the steps the host reads it at
+            # (:meth:`_logp_steps`), with the step's minibatch: a lazy branch, so the other
+            # steps skip it. Computed in every step it cost as much as the rest of a
+            # logistic-regression step (an exp and a log1p per row, which the gradient does
+            # not need); a second scan over those steps cost ~2 s of a cold compile.
+            logp = ifelse(logp_t, self.sg_model.logp_at(draw, logp_idx_t), pt.constant(np.nan))
             # Only the state is masked: the traced outputs of inactive steps are discarded.
             new = [pt.switch(active_t, v, state[n]) for n, v in zip(names, new, strict=True)]
             stat_values = [pt.as_tensor(v).astype("float64") for v in step.stats.values()]
-            return [*new, draw, sane, *stat_values]
+            return [*new, draw, sane, logp, *stat_values]
 
         n_stats = len(self._integrator_stat_names())
         outputs = pytensor.scan(
             one_step,
-            sequences=[*index_seqs, noise_seq, h_seq, active_seq],
-            outputs_info=[*states0] + [None] * (2 + n_stats),
+            sequences=[*index_seqs, *logp_index_seqs, noise_seq, h_seq, active_seq, logp_seq],
+            outputs_info=[*states0] + [None] * (3 + n_stats),
             return_updates=False,
         )
         states, traces = outputs[: len(names)], outputs[len(names) :]
-        # The minibatch log-density only at the steps the host reads it at
-        # (:meth:`_logp_steps`), each with its step's minibatch. Computed in every step it
-        # cost as much as the rest of a logistic-regression step (an exp and a log1p per
-        # row, which the gradient does not need).
-        logp_steps = pt.vector("logp_steps", dtype="int64")
-        logps = pytensor.scan(
-            lambda theta, *idx: self.sg_model.logp_at(theta, idx),
-            sequences=[traces[0][logp_steps], *(s[logp_steps] for s in index_seqs)],
-            return_updates=False,
-        )
         block_fn = self._function(
-            [*states0, *index_seqs, noise_seq, h_seq, active_seq, logp_steps, *kernel],
-            [*(s[-1] for s in states), *traces, logps],
+            [
+                *states0,
+                *index_seqs,
+                *logp_index_seqs,
+                noise_seq,
+                h_seq,
+                active_seq,
+                logp_seq,
+                *kernel,
+            ],
+            [*(s[-1] for s in states), *traces],
             kwargs,
         )
         self._block_functions[length] = (block_fn, stat_names)
@@ -496,7 +512,7 @@ class SGMCMC(ArrayStepShared):
         # PyMC's compile turns the logp's parameter checks into -inf instead of exceptions, so
         # that a run-away chain is caught as a divergence.
         kwargs = {**kwargs, "mode": with_gather_dot(kwargs.get("mode"))}
-        with self.sg_model.model:
+        with self.sg_model.model, lean_cache_wrappers():
             return compile_pymc(inputs, outputs, random_seed=False, **kwargs)
 
     @property
@@ -803,21 +819,20 @@ class SGMCMC(ArrayStepShared):
         # JAX compiles one block length per thin (a full block); shorter blocks are padded.
         length = full_draws * self.thin if self.static_shapes else None
         block_fn, stat_names = self._block_function(length)
-        sequences = _padded([*indices, noise, h, np.ones(n_steps, dtype=bool)], length)
-        checked, stored_steps = self._logp_steps(length or n_steps)
-        logp_steps = checked if checked is stored_steps else np.concatenate([checked, stored_steps])
+        checked, stored_steps = self._logp_steps(n_steps)
+        wanted = np.zeros(n_steps, dtype=bool)
+        wanted[checked] = wanted[stored_steps] = True
+        sequences = _padded(
+            [*indices, *indices, noise, h], [np.ones(n_steps, dtype=bool), wanted], length
+        )
         with plain_assignment_errors():  # numba compiles the block at its first call
-            out = block_fn(
-                *(self.chain_state[n] for n in names), *sequences, logp_steps, *self._kernel
-            )
+            out = block_fn(*(self.chain_state[n] for n in names), *sequences, *self._kernel)
         # JAX returns read-only views of its buffers, which PyMC's trace cannot take.
         out = [o if o.flags.writeable else np.array(o) for o in map(np.asarray, out)]
-        final, logps = out[: len(names)], out[-1]
-        thetas, sane, *stats = (trace[:n_steps] for trace in out[len(names) : -1])
+        final = out[: len(names)]
         # Padded steps (JAX) are not read.
-        check_logps = logps[: len(checked)][checked < n_steps]
-        stored_logps = logps[len(logp_steps) - len(stored_steps) :][:n_draws]
-        checked = checked[checked < n_steps]
+        thetas, sane, logps, *stats = (trace[:n_steps] for trace in out[len(names) :])
+        check_logps, stored_logps = logps[checked], logps[stored_steps]
         stored = slice(self.thin - 1, None, self.thin)
         buffer = {
             "theta": thetas[stored],
@@ -833,7 +848,7 @@ class SGMCMC(ArrayStepShared):
         medians = running_medians(check_logps, self.logp_history)
         flags = runaway_flags(check_logps, medians, self.typical_logp, self.logp_spreads)
         sane[checked[flags]] = False
-        sane[stored_steps[:n_draws][~np.isfinite(stored_logps)]] = False
+        sane[stored_steps[~np.isfinite(stored_logps)]] = False
         if sane.all():
             self.chain_state = dict(zip(names, final, strict=True))
             self.step_count += n_steps
@@ -916,15 +931,18 @@ def _stat_rows(buffer: dict[str, np.ndarray]) -> list[dict[str, Any]]:
     return [dict(zip(names, row, strict=True)) for row in zip(*columns, strict=True)]
 
 
-def _padded(sequences: list[np.ndarray], length: int | None) -> list[np.ndarray]:
-    """The per-step sequences of a block extended to ``length`` steps (unchanged for None):
-    the padding repeats the last step (finite values, so the padded steps compute what a real
-    step would) and its ``active`` flag, the last sequence, is False."""
-    if length is None or length == len(sequences[-1]):
-        return sequences
-    extra = length - len(sequences[-1])
-    padded = [np.concatenate([s, np.repeat(s[-1:], extra, axis=0)]) for s in sequences[:-1]]
-    return [*padded, np.concatenate([sequences[-1], np.zeros(extra, dtype=bool)])]
+def _padded(
+    sequences: list[np.ndarray], flags: list[np.ndarray], length: int | None
+) -> list[np.ndarray]:
+    """The per-step sequences and flags of a block extended to ``length`` steps (unchanged
+    for None): the padding repeats the last step's values (finite, so the padded steps
+    compute what a real step would) and sets its flags (``active``, ``logp``) to False."""
+    n_steps = len(flags[0])
+    if length is None or length == n_steps:
+        return [*sequences, *flags]
+    extra = length - n_steps
+    padded = [np.concatenate([s, np.repeat(s[-1:], extra, axis=0)]) for s in sequences]
+    return [*padded, *(np.concatenate([f, np.zeros(extra, dtype=bool)]) for f in flags)]
 
 
 class Thermostatted(SGMCMC):

@@ -1,6 +1,21 @@
 """Shorter numba compilations of the samplers' blocks.
 
-numba compiles a block when it first runs it. Every array assignment ``a[i] = b`` in the
+numba compiles a block when it first runs it, and links every function a function calls into
+the caller's code, where LLVM optimises and emits it again: each level of nesting compiles
+all the code below it once more.
+
+:func:`lean_cache_wrappers` (while a block's function is built): PyTensor wraps the numba
+function of every op it can cache in a one-line function that numba caches under the op's
+key, one more level per op. The wrappers of the *leaf* ops stay, so a changed model reuses
+the compiled ops it shares with one compiled before; those of the ops that hold a whole
+inner graph (the scan, its inner function graph, lazy branches) go, and the outermost
+function graph is cached as itself under PyTensor's key for it, without a wrapper. P1 SGLD,
+step construction to the first draw, three alternated runs each: empty compile directory
+16.4 s (15.7-17.2) -> 12.9 s (12.7-13.1); after another model's blocks compiled (a changed
+prior scale) 9.7 s -> 7.6 s; warm unchanged (1.1-1.3 s). Without any wrapper the empty
+directory took 12.1 s but the changed model 11.4 s: nothing below the top was reusable.
+
+Every array assignment ``a[i] = b`` in the
 compiled code -- PyTensor's ``scan`` stores each step's outputs that way -- carries the
 formatting of a detailed shape-mismatch message (f-strings, ``str`` of integer tuples), and
 compiling that formatting cost 3-4 s of a cold start (P1 SGLD, step construction to the first
@@ -12,13 +27,26 @@ such an error would be an internal bug, not the user's: it needs no shapes in th
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import types
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
+import numba
 import numba.np.arrayobj as arrayobj
+import pytensor.link.numba.dispatch.basic as numba_dispatch
 from numba.extending import overload
+from pytensor.compile.builders import OpFromGraph
+from pytensor.conditional.op import LazyIfElse
+from pytensor.configdefaults import config
+from pytensor.graph.fg import AbstractFunctionGraph
+from pytensor.link.numba.cache import CACHED_SRC_FUNCTIONS
+from pytensor.scan.op import Scan
 
-__all__ = ["plain_assignment_errors"]
+__all__ = ["lean_cache_wrappers", "plain_assignment_errors"]
+
+#: Ops whose numba function runs a whole inner graph: the largest code, so the costliest to
+#: compile again in a wrapper, and (their inner graph being the model's) rarely reused.
+_CONTAINERS = (Scan, AbstractFunctionGraph, OpFromGraph, LazyIfElse)
 
 
 def _raise_shape_mismatch(src_shapes, index_shape):
@@ -44,3 +72,45 @@ def plain_assignment_errors() -> Iterator[None]:
         yield
     finally:
         arrayobj.raise_with_shape_context = detailed
+
+
+def _cached_as_itself(fn, key: str) -> Callable:
+    """The numba function ``fn`` of a function graph, cached under ``key`` by PyTensor's
+    cache locator. Its code is given the file name ``<string>``: PyTensor writes each graph's
+    source to a new temporary file, whose name is part of numba's cache entry, so the entry
+    would never be found again. ``__name__`` in its globals names a module for numba to
+    rebuild the function's environment from when it loads the entry."""
+    py = fn.py_func
+    code = py.__code__.replace(co_filename="<string>")
+    env = {"__name__": __name__, **py.__globals__}
+    copy = types.FunctionType(code, env, py.__name__, py.__defaults__, py.__closure__)
+    CACHED_SRC_FUNCTIONS[copy] = f"{key}_fastmath{int(config.numba__fastmath)}_sgmcmc"
+    return numba_dispatch.numba_njit(copy)
+
+
+@contextmanager
+def lean_cache_wrappers() -> Iterator[None]:
+    """PyTensor functions built in this context get numba caching wrappers on their leaf ops
+    only, and their outermost function graph is cached without one (module docstring)."""
+    ensure_cache = numba_dispatch.numba_funcify_ensure_cache
+    depth = 0
+
+    def funcify(op, node=None, **kwargs):
+        nonlocal depth
+        outermost = depth == 0
+        depth += 1
+        try:
+            if not isinstance(op, _CONTAINERS) or not config.numba__cache:
+                return ensure_cache(op, node=node, **kwargs)
+            fn, key = numba_dispatch.numba_funcify_and_cache_key(op, node=node, **kwargs)
+            if outermost and key is not None and isinstance(fn, numba.core.dispatcher.Dispatcher):
+                return _cached_as_itself(fn, key), key
+            return fn, key
+        finally:
+            depth -= 1
+
+    numba_dispatch.numba_funcify_ensure_cache = funcify
+    try:
+        yield
+    finally:
+        numba_dispatch.numba_funcify_ensure_cache = ensure_cache
