@@ -10,10 +10,12 @@ key, one more level per op. The wrappers of the *leaf* ops stay, so a changed mo
 the compiled ops it shares with one compiled before; those of the ops that hold a whole
 inner graph (the scan, its inner function graph, lazy branches) go, and the outermost
 function graph is cached as itself under PyTensor's key for it, without a wrapper. P1 SGLD,
-step construction to the first draw, three alternated runs each: empty compile directory
-16.4 s (15.7-17.2) -> 12.9 s (12.7-13.1); after another model's blocks compiled (a changed
-prior scale) 9.7 s -> 7.6 s; warm unchanged (1.1-1.3 s). Without any wrapper the empty
-directory took 12.1 s but the changed model 11.4 s: nothing below the top was reusable.
+step construction to the first draw, three alternated runs each, with the lazy log-density
+branch of :mod:`pymc_sgmcmc.base`: empty compile directory 16.4 s (15.7-17.2) -> 12.9 s
+(12.7-13.1); after another model's blocks compiled (a changed prior scale) 9.7 s -> 7.6 s;
+warm unchanged (1.1-1.3 s). A later set, the machine slower: 16.1 -> 14.5 s (medians),
+9.6 -> 7.6 s, 1.3 -> 1.2 s. Without any wrapper the empty directory took 12.1 s but the
+changed model 11.4 s: nothing below the top was reusable.
 
 Every array assignment ``a[i] = b`` in the
 compiled code -- PyTensor's ``scan`` stores each step's outputs that way -- carries the
