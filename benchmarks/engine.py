@@ -5,7 +5,8 @@ Three measurements, each printed as a markdown table (``--output`` also writes t
 
 * ``steps``: CPU microseconds per integrator step of ``SGMCMC._fill_buffer`` (the compiled
   block plus the NumPy minibatch indices and noise), next to the same block compiled without
-  the fused minibatch products (``pymc_sgmcmc.gather_dot``), the index and noise
+  the fused minibatch products (``pymc_sgmcmc.gather_dot``), the same model built in float32,
+  the index and noise
   generation alone and a hand-written numba SGLD / SGNHT-free reference loop (gather of the
   minibatch rows and two BLAS products, no PyTensor) on the same data. CPU time of this
   process, so that other processes on a shared machine inflate it less than wall time
@@ -68,14 +69,20 @@ def cpu_us_per_step(run, steps: int, repeats: int) -> float:
 
 
 def block_cost(
-    problem: Problem, name: str, thin: int, repeats: int, fused: bool = True
+    problem: Problem,
+    name: str,
+    thin: int,
+    repeats: int,
+    fused: bool = True,
+    dtype: str = "float64",
 ) -> tuple[float, float]:
     """µs/step of ``_fill_buffer`` (block plus index/noise generation) and of the generation
     alone, after a first (compiling) block; ``fused=False`` compiles the block without the
-    fused minibatch products (:mod:`pymc_sgmcmc.gather_dot`)."""
+    fused minibatch products (:mod:`pymc_sgmcmc.gather_dot`); ``dtype="float32"`` samples
+    the model built in float32 (data, state, noise and arithmetic)."""
     import pymc_sgmcmc.base as base
 
-    with problem.model():
+    with problem.model(dtype=dtype):
         step = make_step(name, thin)
     if not fused:
         original, base.with_gather_dot = base.with_gather_dot, lambda mode: mode
@@ -132,8 +139,9 @@ def steps_table(problems: list[str], thin: int, repeats: int) -> list[str]:
         f"{STEP_SIZES['SGLD']:g})",
         "",
         "| problem | SGLD block | SGLD block without the fused products | SGNHT block | of which "
-        "indices + noise (NumPy) | numba reference SGLD loop (gather + 2 BLAS products, no RNG) |",
-        "| --- | --- | --- | --- | --- | --- |",
+        "indices + noise (NumPy) | numba reference SGLD loop (gather + 2 BLAS products, no RNG) "
+        "| SGLD block, float32 model | SGNHT block, float32 model |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     for key in problems:
         problem = make_problem(key)
@@ -142,8 +150,11 @@ def steps_table(problems: list[str], thin: int, repeats: int) -> list[str]:
         sgnht, _ = block_cost(problem, "SGNHT", thin, repeats)
         floor = reference_loop_cost(problem, 1000, repeats)
         floor_s = "-" if floor is None else f"{floor:.1f}"
+        sgld32, _ = block_cost(problem, "SGLD", thin, repeats, dtype="float32")
+        sgnht32, _ = block_cost(problem, "SGNHT", thin, repeats, dtype="float32")
         lines.append(
-            f"| {key} | {sgld:.1f} | {unfused:.1f} | {sgnht:.1f} | {generation:.1f} | {floor_s} |"
+            f"| {key} | {sgld:.1f} | {unfused:.1f} | {sgnht:.1f} | {generation:.1f} | {floor_s} "
+            f"| {sgld32:.1f} | {sgnht32:.1f} |"
         )
         print(lines[-1], flush=True)
     return lines

@@ -22,6 +22,7 @@ from typing import Any
 
 import numpy as np
 import pymc as pm
+import pytensor
 
 HERE = Path(__file__).parent
 REFERENCES = HERE / "references"
@@ -66,22 +67,31 @@ class Problem:
         return 2 if self.kind == "normal_gamma" else self.X.shape[1]
 
     # ------------------------------------------------------------------ PyMC
-    def model(self, minibatch: bool = True) -> pm.Model:
-        """The PyMC model: minibatched with ``total_size`` for SG samplers, full data for NUTS."""
+    def model(self, minibatch: bool = True, dtype: str = "float64") -> pm.Model:
+        """The PyMC model: minibatched with ``total_size`` for SG samplers, full data for NUTS.
+
+        ``dtype="float32"``: the data in float32 and the model built under
+        ``floatX="float32"``, so that the samplers run in float32."""
+        with pytensor.config.change_flags(floatX=dtype):
+            return self._model(minibatch, dtype)
+
+    def _model(self, minibatch: bool, dtype: str) -> pm.Model:
+        X = None if self.X is None else self.X.astype(dtype)
+        y = self.y.astype(dtype)
         with pm.Model() as model:
             if self.kind == "normal_gamma":
                 gamma = pm.Gamma("gamma", 1.0, 1.0)  # sampled as log(gamma)
                 sd = 1.0 / pm.math.sqrt(gamma)
                 mu = pm.Normal("mu", 0.0, sd)
-                data = pm.Minibatch(self.y, batch_size=self.batch_size) if minibatch else self.y
+                data = pm.Minibatch(y, batch_size=self.batch_size) if minibatch else y
                 total = self.n_obs if minibatch else None
                 pm.Normal("x", mu, sd, observed=data, total_size=total)
                 return model
             if minibatch:
-                X, y = pm.Minibatch(self.X, self.y, batch_size=self.batch_size)
+                X, y = pm.Minibatch(X, y, batch_size=self.batch_size)
                 total = self.n_obs
             else:
-                X, y, total = self.X, self.y, None
+                total = None
             w = pm.Normal("w", 0.0, self.prior_sd, shape=self.dim)
             if self.kind == "linear":
                 pm.Normal("y", X @ w, self.noise_sd, observed=y, total_size=total)

@@ -22,6 +22,7 @@ step-method contract (``PLATFORM_NOTES.md``):
 
 from __future__ import annotations
 
+import functools
 import warnings
 from typing import Any, ClassVar, NamedTuple
 
@@ -44,6 +45,7 @@ from rich.table import Column
 
 from pymc_sgmcmc.adaptation import WindowVariance, adaptation_boundaries
 from pymc_sgmcmc.gather_dot import with_gather_dot
+from pymc_sgmcmc.jax_compile import with_jax_reductions
 from pymc_sgmcmc.model_layer import (
     ONE_OFF_MODE,
     SHRINKAGE_TARGETS,
@@ -89,6 +91,23 @@ def positive(name: str, value: Any) -> float:
     if not np.isfinite(value) or value <= 0:
         raise ValueError(f"{name} must be positive and finite, got {value}")
     return value
+
+
+def _in_model_dtype(method):
+    """Build a sampler's graphs with PyTensor's ``floatX`` set to the model's float type: new
+    inputs and constants from Python numbers then take that type, so a float32 model
+    (built under ``floatX="float32"``) runs in float32 throughout."""
+
+    @functools.wraps(method)
+    def in_model_dtype(self, *args, **kwargs):
+        if self.static_shapes:
+            # PyTensor's JAX dispatch sets JAX's process-wide float64 switch from floatX when
+            # first imported: imported here, under the user's floatX, not the model's.
+            import pytensor.link.jax.dispatch  # noqa: F401
+        with config.change_flags(floatX=self.dtype):
+            return method(self, *args, **kwargs)
+
+    return in_model_dtype
 
 
 @dataclass_state
@@ -223,6 +242,7 @@ class SGMCMC(ArrayStepShared):
         self.divergence_threshold = positive("divergence_threshold", divergence_threshold)
         self.sg_model.check_factorisation()
         self.dim = self.sg_model.dim
+        self.dtype = self.sg_model.dtype
         max_steps = max(1, _BLOCK_MEMORY_BYTES // (8 * self.dim))
         self.block_steps = min(int(block_steps), max_steps)
         self.mode = mode
@@ -393,6 +413,7 @@ class SGMCMC(ArrayStepShared):
         mode = self.compile_kwargs.get("mode", self.mode)  # as _compile passes it on
         return isinstance(get_mode(mode).linker, JAXLinker)
 
+    @_in_model_dtype
     def _compile(self):
         ml = self.sg_model
         theta = pt.vector("theta", shape=(self.dim,))
@@ -427,11 +448,12 @@ class SGMCMC(ArrayStepShared):
         for name, var in evaluated.items():
             state0[name] = var.type(name)
         for name, value in aux.items():
-            state0[name] = pt.tensor(name, shape=np.shape(value), dtype="float64")
+            state0[name] = pt.tensor(name, shape=np.shape(value))
         self._block_graph_inputs = ([state0[n] for n in names], kernel, kwargs)
         self._functions = (init_fn, names, list(evaluated))
         self._block_functions = {}
 
+    @_in_model_dtype
     def _block_function(self, length: int | None):
         """The compiled block of ``length`` steps (None: any length, for the backends that
         take dynamic shapes), and the names of its integrator stats; built on first use.
@@ -477,7 +499,10 @@ class SGMCMC(ArrayStepShared):
             # steps skip it. Computed in every step it cost as much as the rest of a
             # logistic-regression step (an exp and a log1p per row, which the gradient does
             # not need); a second scan over those steps cost ~2 s of a cold compile.
-            logp = ifelse(logp_t, self.sg_model.logp_at(draw, logp_idx_t), pt.constant(np.nan))
+            # Recorded in float64, also for a float32 model: JAX computes its minibatch sums in
+            # float64 (``jax_compile``), and both branches must have one type.
+            logp = self.sg_model.logp_at(draw, logp_idx_t).astype("float64")
+            logp = ifelse(logp_t, logp, pt.constant(np.nan, dtype="float64"))
             # Only the state is masked: the traced outputs of inactive steps are discarded.
             new = [pt.switch(active_t, v, state[n]) for n, v in zip(names, new, strict=True)]
             stat_values = [pt.as_tensor(v).astype("float64") for v in step.stats.values()]
@@ -511,7 +536,12 @@ class SGMCMC(ArrayStepShared):
     def _function(self, inputs, outputs, kwargs):
         # PyMC's compile turns the logp's parameter checks into -inf instead of exceptions, so
         # that a run-away chain is caught as a divergence.
-        kwargs = {**kwargs, "mode": with_gather_dot(kwargs.get("mode"))}
+        # The host passes float64 arrays to a float32 model's functions (one cast per block).
+        kwargs = {
+            **kwargs,
+            "mode": with_jax_reductions(with_gather_dot(kwargs.get("mode"))),
+            "allow_input_downcast": True,
+        }
         with self.sg_model.model, lean_cache_wrappers():
             return compile_pymc(inputs, outputs, random_seed=False, **kwargs)
 
@@ -777,10 +807,10 @@ class SGMCMC(ArrayStepShared):
     # ------------------------------------------------------------------ blocks
     def _initial_state(self, theta: np.ndarray) -> dict[str, np.ndarray]:
         init_fn, names, evaluated = self.functions
-        state = {"theta": np.asarray(theta / self.scale, dtype=config.floatX)}
+        state = {"theta": np.asarray(theta / self.scale, dtype=self.dtype)}
         if init_fn is not None:
             indices = [i[0] for i in self.sg_model.draw_indices(self.rng, 1)]
-            noise = self.rng.standard_normal((self.noise_vectors, self.dim))
+            noise = self.rng.standard_normal((self.noise_vectors, self.dim), dtype=self.dtype)
             values = init_fn(state["theta"], *indices, noise, self.step_size, *self._kernel)
             state.update(zip(evaluated, values, strict=True))
         state.update(self.initial_auxiliary(self.rng))
@@ -813,9 +843,9 @@ class SGMCMC(ArrayStepShared):
             n_draws = min(n_draws, self.block_cap)  # short blocks after a divergence
         n_steps = n_draws * self.thin
         step_index = self.step_count + np.arange(n_steps)
-        h = np.asarray(self.step_sizes(step_index), dtype=config.floatX)
+        h = np.asarray(self.step_sizes(step_index), dtype=self.dtype)
         indices = self.sg_model.draw_indices(self.rng, n_steps)
-        noise = self.rng.standard_normal((n_steps, self.noise_vectors, self.dim))
+        noise = self.rng.standard_normal((n_steps, self.noise_vectors, self.dim), dtype=self.dtype)
         # JAX compiles one block length per thin (a full block); shorter blocks are padded.
         length = full_draws * self.thin if self.static_shapes else None
         block_fn, stat_names = self._block_function(length)

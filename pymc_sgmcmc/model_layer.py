@@ -40,6 +40,7 @@ from pytensor.compile.sharedvalue import SharedVariable
 from pytensor.graph.basic import Apply, Constant, Variable
 from pytensor.graph.replace import clone_replace, vectorize_graph
 from pytensor.graph.traversal import ancestors, toposort
+from pytensor.scalar import upcast
 from pytensor.scan.utils import until
 
 __all__ = [
@@ -321,7 +322,12 @@ class SGModel:
         )
         self.batch_size = self.sources[0].batch_size if self.sources else None
         self._partition_terms()
-        self._build_graphs()
+        #: The floating-point type of the position, that of the value variables (float32 for a
+        #: model built under ``floatX="float32"``): the log-density graphs derived here, and
+        #: the samplers' state, noise and arithmetic, use it too.
+        self.dtype = upcast(*(v.type.dtype for v in self.value_vars))
+        with pytensor.config.change_flags(floatX=self.dtype):
+            self._build_graphs()
 
     # ------------------------------------------------------------------ graph construction
     def _partition_terms(self) -> None:
@@ -545,13 +551,19 @@ class SGModel:
             )
         return totals.pop()
 
+    def _function(self, inputs, outputs, mode=None):
+        """A host-side helper function of the model's graphs, compiled in the model's float
+        type (rewrites rebuild nodes under ``floatX``: a float32 graph compiled under
+        float64 would get float64 nodes); it takes the host's float64 arrays."""
+        with pytensor.config.change_flags(floatX=self.dtype):
+            return pytensor.function(
+                inputs, outputs, mode=mode, on_unused_input="ignore", allow_input_downcast=True
+            )
+
     @cached_property
     def _full_pass_functions(self):
-        kwargs = dict(on_unused_input="ignore")
-        rows_fn = pytensor.function(
-            [self.theta, *self.indices], self.per_observation_gradients, **kwargs
-        )
-        fixed_fn = pytensor.function([self.theta], self.fixed_force, **kwargs)
+        rows_fn = self._function([self.theta, *self.indices], self.per_observation_gradients)
+        fixed_fn = self._function([self.theta], self.fixed_force)
         return rows_fn, fixed_fn
 
     def exact_noise_covariance(self, theta: Variable) -> DenseCovariance:
@@ -687,14 +699,13 @@ class SGModel:
 
     @cached_property
     def _geometry_functions(self):
-        v = pt.vector("v", shape=(self.dim,))
+        v = pt.vector("v", shape=(self.dim,), dtype=self.dtype)
         hvp = -pt.grad(pt.dot(self.force, v), self.theta)
-        kwargs = dict(mode=ONE_OFF_MODE, on_unused_input="ignore")
-        hvp_fn = pytensor.function([self.theta, *self.indices, v], hvp, **kwargs)
+        hvp_fn = self._function([self.theta, *self.indices, v], hvp, ONE_OFF_MODE)
         rows_fn = None
         if self.per_observation_gradients is not None:
-            rows_fn = pytensor.function(
-                [self.theta, *self.indices], self.per_observation_gradients, **kwargs
+            rows_fn = self._function(
+                [self.theta, *self.indices], self.per_observation_gradients, ONE_OFF_MODE
             )
         return hvp_fn, rows_fn
 
@@ -726,17 +737,19 @@ class SGModel:
             return
         rng = rng or np.random.default_rng(0)
         batch_force = self.force - self.fixed_force
-        fn = pytensor.function(
+        fn = self._function(
             [self.theta, *self.indices],
             [batch_force, self.per_observation_gradients.sum(0)],
-            mode=ONE_OFF_MODE,
-            on_unused_input="ignore",
+            ONE_OFF_MODE,
         )
         theta = self.initial_theta + 0.1 * rng.standard_normal(self.dim)
         idx = [i[0] for i in self.draw_indices(rng, 1)]
         summed, from_rows = fn(theta, *idx)
         scale = np.max(np.abs(summed)) + 1e-12
-        if not np.allclose(from_rows, summed, rtol=1e-6, atol=1e-8 * scale):
+        # float32 sums of n rows in two orders differ by ~sqrt(n) 1e-7 relative; a term that
+        # couples rows changes the gradient at the order of the term itself.
+        rtol, atol = (1e-6, 1e-8) if self.dtype == "float64" else (1e-3, 1e-4)
+        if not np.allclose(from_rows, summed, rtol=rtol, atol=atol * scale):
             names = [o.name for obs in self._batch_obs.values() for o in obs]
             raise ModelError(
                 f"the minibatch log-likelihood of {names} does not split into independent "
@@ -817,13 +830,14 @@ class Covariance:
         b,
         v: Variable,
         iterations: int = 200,
-        tolerance: float = 1e-10,
+        tolerance: float | None = None,
         fixed_count: bool = False,
     ) -> Variable:
         """The same solve by conjugate gradients, with matrix-vector products only.
 
-        Stops when the residual falls below ``tolerance`` times ||v|| or after ``iterations``
-        products. The matrix is well conditioned (its eigenvalues lie in
+        Stops when the residual falls below ``tolerance`` times ||v|| (default 1e-10 in
+        float64, 1e-5 in float32, whose rounding leaves residuals of about 1e-6) or after
+        ``iterations`` products. The matrix is well conditioned (its eigenvalues lie in
         [alpha, alpha + b lambda_max]), so a few iterations usually suffice: with a shrunk
         estimate (``ShrunkCovariance``) the spread, hence the count, drops further.
         ``fixed_count=True`` (for JAX, which has no data-dependent loop) always runs
@@ -832,6 +846,8 @@ class Covariance:
         def apply(x):
             return alpha * x + b * self.matvec(x)
 
+        if tolerance is None:
+            tolerance = 1e-10 if v.type.dtype == "float64" else 1e-5
         stop = (tolerance**2) * pt.dot(v, v)
 
         def cg_step(x, r, d, rr):
@@ -913,17 +929,18 @@ class Covariance:
         largest = self.largest_eigenvalue_bound(v)
         spread = pt.maximum(largest - tr / dim, tr / dim - self.eigenvalue_floor())
         bound = pt.abs(scale) * spread
-        thetas = TAYLOR_THETA[tolerance]
+        thetas = TAYLOR_THETA[tolerance].astype(v.type.dtype)
         degrees = np.arange(1, len(thetas) + 1)
         scalings = pt.maximum(1.0, pt.ceil(bound / thetas))
-        best = pt.argmin(degrees * scalings)
+        best = pt.argmin(degrees.astype(v.type.dtype) * scalings)
         m = pt.as_tensor(degrees)[best]
         s = scalings[best].astype("int64")
 
         def taylor_term(acc, term, j):
             # One product of the flat loop over s blocks of m Taylor terms.
             j = j + 1
-            term = (scale * self.matvec(term) - mu * term) / (s * j)
+            # s j in the vector's type: an int64 divisor would promote float32 to float64.
+            term = (scale * self.matvec(term) - mu * term) / (s * j).astype(term.dtype)
             acc = acc + term
             done = pt.eq(j, m)
             return acc, pt.switch(done, acc, term), pt.switch(done, 0, j)

@@ -14,21 +14,25 @@ from pymc_sgmcmc import NOGIN, CCAdL, MCCAdL
 SAMPLE_KWARGS = dict(progressbar=False, compute_convergence_checks=False)
 
 
-def lemma2_problem(batch_size):
+def lemma2_problem(batch_size, dtype="float64"):
     # ALGORITHMS.md / issue: N = 2,000, D = 3, h = 0.5 min posterior sd.
-    return GaussianRegression.make(n_obs=2000, dim=3, batch_size=batch_size, seed=11)
+    return GaussianRegression.make(n_obs=2000, dim=3, batch_size=batch_size, seed=11, dtype=dtype)
 
 
 def lemma2_step_size(problem):
     return 0.5 * np.sqrt(np.linalg.eigvalsh(problem.cov).min())
 
 
-@pytest.mark.parametrize("batch_size, draws", [(1000, 4000), (50, 6000)])
-def test_nogin_exact_for_gaussian_at_any_noise_level(batch_size, draws):
+@pytest.mark.parametrize(
+    "batch_size, draws, dtype",
+    [(1000, 4000, "float64"), (50, 6000, "float64"), (50, 6000, "float32")],
+)
+def test_nogin_exact_for_gaussian_at_any_noise_level(batch_size, draws, dtype):
     # Lemma 2 (Matthews & Weare): with the exact noise covariance, NOGIN's position marginal is
     # the exact posterior whatever the batch size. The noise grows 20x from n = 1000 to 50;
-    # the damping slows mixing (ESS ~ 1,000-3,000), not the accuracy.
-    problem = lemma2_problem(batch_size)
+    # the damping slows mixing (ESS ~ 1,000-3,000), not the accuracy. In float32 too: its
+    # rounding of the damping solve must not show.
+    problem = lemma2_problem(batch_size, dtype)
     h = lemma2_step_size(problem)
     with problem.model():
         step = NOGIN(step_size=h, friction=1.0, noise_covariance="exact", thin=5)

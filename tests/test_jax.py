@@ -93,6 +93,25 @@ def test_jax_draws_equal_the_default_backend(name):
     assert_same_chain(default, jax)
 
 
+@pytest.mark.parametrize("name", ["SGLD", "MCCAdL", "NOGIN"])
+def test_jax_runs_a_float32_model_in_float32(name):
+    # The accelerator's natural type: the same chain as the default backend's float32 one, to
+    # float32 rounding, and JAX's float64 switch left as PyTensor set it for this process.
+    import jax
+
+    make = SAMPLERS[name]
+    results = []
+    for mode in (None, "JAX"):
+        problem = GaussianRegression.make(n_obs=200, dim=3, batch_size=20, dtype="float32")
+        with problem.model():
+            step = make(block_steps=50, mode=mode)
+            results.append(pm.sample(step=step, random_seed=5, tune=30, draws=70, **SAMPLE_KWARGS))
+    default, on_jax = (r.posterior["w"].values for r in results)
+    assert default.dtype == on_jax.dtype == np.float32
+    np.testing.assert_allclose(on_jax, default, rtol=0, atol=1e-5)
+    assert jax.config.jax_enable_x64 == (pytensor.config.floatX == "float64")
+
+
 def test_jax_follows_the_adaptation_windows():
     # Adapted step size and thin: blocks end at every window boundary, thin changes with the
     # step size (one compiled block length per thin under JAX).

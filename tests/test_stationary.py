@@ -97,6 +97,13 @@ CASES = {
         lambda p: sgld_prediction(p, 5e-4),
         lambda p: p.cov,  # the exact posterior
     ),
+    # The same in float32 (state, noise, data and arithmetic): its rounding must not show.
+    "sgld_float32": (
+        dict(n_obs=1000, dim=2, batch_size=100, dtype="float32"),
+        lambda: SGLD(step_size=5e-4, adapt_preconditioner=False),
+        lambda p: sgld_prediction(p, 5e-4),
+        lambda p: p.cov,
+    ),
     "msgld": (
         dict(n_obs=1000, dim=2, batch_size=500),
         lambda: MSGLD(step_size=5e-4, adapt_preconditioner=False),
