@@ -41,7 +41,7 @@ optdb.register("reduce_then_cast", in2out(reduce_then_cast), TAG, position=49.4)
 
 
 def with_jax_reductions(mode) -> Mode | str | None:
-    """``mode`` with :func:`reduce_then_cast` included where the linker is JAX's."""
+    """``mode`` with the rewrite ``reduce_then_cast`` included where the linker is JAX's."""
     resolved = get_mode(mode)
     if isinstance(resolved.linker, JAXLinker):
         return resolved.including(TAG)
