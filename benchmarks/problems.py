@@ -16,7 +16,7 @@ precision gamma, not log gamma).
 from __future__ import annotations
 
 import sys
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -65,6 +65,18 @@ class Problem:
     @property
     def dim(self) -> int:
         return 2 if self.kind == "normal_gamma" else self.X.shape[1]
+
+    def astype(self, dtype: str) -> Problem:
+        """The same problem with its data in ``dtype`` (for the baselines' float32 runs; the
+        scales become Python floats, which NumPy and JAX do not let promote float32)."""
+        X = None if self.X is None else self.X.astype(dtype)
+        return replace(
+            self,
+            X=X,
+            y=self.y.astype(dtype),
+            prior_sd=float(self.prior_sd),
+            noise_sd=float(self.noise_sd),
+        )
 
     # ------------------------------------------------------------------ PyMC
     def model(self, minibatch: bool = True, dtype: str = "float64") -> pm.Model:

@@ -114,6 +114,9 @@ class Config:
     p4_short: tuple[int, int]
     nuts: tuple[int, int]
     clock: str = "wall"
+    #: "float32": our samplers on the model built in float32, the NumPy and BlackJAX
+    #: baselines on float32 data and state (NUTS keeps PyMC's default float64).
+    dtype: str = "float64"
 
 
 @dataclass
@@ -248,12 +251,14 @@ def sample_kwargs(problem: Problem, seed: int, times: list) -> dict:
     )
 
 
-def first_draw(problem: Problem, name: str, s: Settings, thin: int, seed: int):
+def first_draw(
+    problem: Problem, name: str, s: Settings, thin: int, seed: int, dtype: str = "float64"
+):
     """Build the step and draw once; returns (seconds, step, model)."""
     import pymc as pm
 
     times: list[float] = []
-    model = problem.model()
+    model = problem.model(dtype=dtype)
     with model:
         start = clock()
         step = make_step(name, s, thin)
@@ -268,7 +273,7 @@ def run_ours(problem: Problem, ref: Reference, name: str, s: Settings, cfg: Conf
     res = Result(problem.key, name, "ours", describe(name, s))
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        res.first_draw_s, step, model = first_draw(problem, name, s, cfg.thin, cfg.seed)
+        res.first_draw_s, step, model = first_draw(problem, name, s, cfg.thin, cfg.seed, cfg.dtype)
         # Three blocks: the rate of the third excludes the one-off work (see steady_rate).
         times: list[float] = []
         with model:
@@ -298,7 +303,7 @@ def run_sgld_thin1(problem: Problem, s: Settings, cfg: Config) -> Result:
     import pymc as pm
 
     res = Result(problem.key, "SGLD (thin=1)", "ours-thin1", describe("SGLD", s))
-    res.first_draw_s, step, model = first_draw(problem, "SGLD", s, 1, cfg.seed)
+    res.first_draw_s, step, model = first_draw(problem, "SGLD", s, 1, cfg.seed, cfg.dtype)
     steps = int(min(cfg.max_steps, 50 * CHUNK if not cfg.quick else 5 * CHUNK))
     times: list[float] = []
     with model:
@@ -310,13 +315,15 @@ def run_sgld_thin1(problem: Problem, s: Settings, cfg: Config) -> Result:
     return res
 
 
-def first_draw_subprocess(key: str, name: str, s: Settings, compiledir: str) -> float:
+def first_draw_subprocess(
+    key: str, name: str, s: Settings, compiledir: str, dtype: str = "float64"
+) -> float:
     """Time to first draw in a fresh process whose PyTensor base compile directory is given
     (PyTensor's numba cache lives in ``base_compiledir/numba``, not in ``compiledir``)."""
     flags = os.environ.get("PYTENSOR_FLAGS", "")
     env = {**os.environ, "PYTENSOR_FLAGS": f"{flags},base_compiledir={compiledir}".lstrip(",")}
     out = subprocess.run(
-        [sys.executable, __file__, "--first-draw", key, name, str(s.lam), str(s.noise)],
+        [sys.executable, __file__, "--first-draw", key, name, str(s.lam), str(s.noise), dtype],
         env=env,
         capture_output=True,
         text=True,
@@ -325,11 +332,11 @@ def first_draw_subprocess(key: str, name: str, s: Settings, compiledir: str) -> 
     return float(json.loads(out.stdout.strip().splitlines()[-1])["seconds"])
 
 
-def compile_times(key: str, name: str, s: Settings) -> tuple[float, float]:
+def compile_times(key: str, name: str, s: Settings, dtype: str) -> tuple[float, float]:
     """(cold, warm): an empty compile directory, then the same one again."""
     with tempfile.TemporaryDirectory() as tmp:
-        cold = first_draw_subprocess(key, name, s, tmp)
-        warm = first_draw_subprocess(key, name, s, tmp)
+        cold = first_draw_subprocess(key, name, s, tmp, dtype)
+        warm = first_draw_subprocess(key, name, s, tmp, dtype)
     return cold, warm
 
 
@@ -338,15 +345,17 @@ def run_numpy_sgld(problem: Problem, ref: Reference, s: Settings, cfg: Config) -
     """Hand-written SGLD: theta += eps/2 F + sqrt(eps) R, batches with replacement."""
     res = Result(problem.key, "NumPy SGLD", "numpy", describe("SGLD", s))
     rng = np.random.default_rng(cfg.seed)
-    theta = problem.initial_point()
-    n_obs, n, dim, eps = problem.n_obs, problem.batch_size, problem.dim, s.eps
+    problem = problem.astype(cfg.dtype)
+    theta = problem.initial_point().astype(cfg.dtype)
+    n_obs, n, dim, eps = problem.n_obs, problem.batch_size, problem.dim, float(s.eps)
     draws, times = [], []
     start = clock()
     steps = 0
     while steps < 3 * CHUNK or (steps < cfg.max_steps and times[-1] < cfg.budget_s):
         for i in range(CHUNK):
             force = problem.numpy_force(theta, rng.integers(0, n_obs, n))
-            theta = theta + 0.5 * eps * force + np.sqrt(eps) * rng.standard_normal(dim)
+            noise = rng.standard_normal(dim, dtype=cfg.dtype)
+            theta = theta + 0.5 * eps * force + np.sqrt(eps) * noise
             if (i + 1) % cfg.thin == 0:
                 draws.append(theta)
         steps += CHUNK
@@ -377,20 +386,23 @@ def run_blackjax(problem: Problem, ref: Reference, algo: str, s: Settings, cfg: 
     """
     import jax
 
-    jax.config.update("jax_enable_x64", True)
+    # BlackJAX promotes a float32 position to float64 when JAX's 64-bit mode is on (its noise
+    # is scaled by a float64 array): float32 runs turn the mode off.
+    jax.config.update("jax_enable_x64", cfg.dtype == "float64")
     import blackjax
     import jax.numpy as jnp
     from blackjax.sgmcmc.gradients import grad_estimator
 
     name = f"BlackJAX {algo}"
     res = Result(problem.key, name, "blackjax", describe(name, s))
+    problem = problem.astype(cfg.dtype)
     log_prior, log_lik = problem.jax_densities()
     grad_fn = grad_estimator(log_prior, log_lik, problem.n_obs)
     n_obs, n, thin = problem.n_obs, problem.batch_size, cfg.thin
     if algo == "SGLD":
-        alg, step_size = blackjax.sgld(grad_fn), s.eps / 2
+        alg, step_size = blackjax.sgld(grad_fn), float(s.eps / 2)
     else:
-        alg, step_size = blackjax.sgnht(grad_fn, alpha=s.friction), s.h
+        alg, step_size = blackjax.sgnht(grad_fn, alpha=s.friction), float(s.h)
 
     def position(state):
         return state if algo == "SGLD" else state.position
@@ -412,11 +424,12 @@ def run_blackjax(problem: Problem, ref: Reference, algo: str, s: Settings, cfg: 
     data = jax.tree.map(jnp.asarray, problem.jax_data())
     key = jax.random.key(cfg.seed)
     start = clock()
-    theta0 = jnp.asarray(problem.initial_point())
+    theta0 = jnp.asarray(problem.initial_point(), dtype=cfg.dtype)
     key, sub = jax.random.split(key)
     state = alg.init(theta0) if algo == "SGLD" else alg.init(theta0, sub)
-    # Concrete float64 leaves (SGNHT's xi starts as a Python float): no retrace after chunk 1.
-    state = jax.tree.map(lambda v: jnp.asarray(v, dtype=jnp.float64), state)
+    # Concrete leaves of the run's type (SGNHT's xi starts as a Python float): no retrace
+    # after chunk 1.
+    state = jax.tree.map(lambda v: jnp.asarray(v, dtype=cfg.dtype), state)
     draws, times = [], []
     steps = 0
     while steps < 3 * CHUNK or (steps < cfg.max_steps and times[-1] < cfg.budget_s):
@@ -553,7 +566,7 @@ def bench_problem(key: str, index: int, cfg: Config) -> tuple[list[Result], dict
     for name in cfg.samplers:
         res = run_ours(problem, ref, name, s, cfg)
         if wants_compile_times(cfg, index, name):
-            res.compile_cold_s, res.compile_warm_s = compile_times(key, name, s)
+            res.compile_cold_s, res.compile_warm_s = compile_times(key, name, s, cfg.dtype)
         add(res)
     if "SGLD" in cfg.samplers:
         add(run_sgld_thin1(problem, s, cfg))
@@ -689,6 +702,13 @@ def write_report(cfg: Config, all_rows, infos, header: dict, path: Path) -> None
         f"- threads: {header['threads']}",
         f"- per method: a run of about {cfg.budget_s:g} s (at most {cfg.max_steps:,} steps), "
         f"thin = {cfg.thin}, one chain, seed {cfg.seed}",
+        f"- precision: {cfg.dtype}"
+        + (
+            " (our samplers on the model built in float32; NumPy and BlackJAX baselines on "
+            "float32 data and state; NUTS in PyMC's default float64)"
+            if cfg.dtype == "float32"
+            else ""
+        ),
         "- clock: "
         + (
             "**CPU time of the benchmark process** (all its threads; every time in the tables "
@@ -758,6 +778,13 @@ def parse_args(argv: list[str]) -> tuple[Config, Path | None]:
     )
     p.add_argument("--output", type=Path, default=None, help="markdown file to write")
     p.add_argument(
+        "--dtype",
+        choices=("float64", "float32"),
+        default="float64",
+        help="float32: our samplers on the model built in float32 and the NumPy and BlackJAX "
+        "baselines in float32 (NUTS stays float64)",
+    )
+    p.add_argument(
         "--clock",
         choices=("wall", "cpu"),
         default="wall",
@@ -780,6 +807,7 @@ def parse_args(argv: list[str]) -> tuple[Config, Path | None]:
         p4_short=tuple(a.p4_short) if a.p4_short else ((10, 10) if quick else (50, 50)),
         nuts=(200, 200) if quick else NUTS_DEFAULT,
         clock=a.clock,
+        dtype=a.dtype,
     ), a.output
 
 
@@ -823,18 +851,18 @@ def main(argv: list[str]) -> None:
     print(f"wrote {path} and {path.with_suffix('.json')}")
 
 
-def first_draw_main(key: str, name: str, lam: str, noise: str) -> None:
+def first_draw_main(key: str, name: str, lam: str, noise: str, dtype: str) -> None:
     """Child process of ``compile_times``: prints {"seconds": time to first draw}."""
     quiet_pymc()
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         settings = Settings(float(lam), float(noise))
-        seconds, _, _ = first_draw(make_problem(key), name, settings, 10, 0)
+        seconds, _, _ = first_draw(make_problem(key), name, settings, 10, 0, dtype)
     print(json.dumps({"seconds": seconds}))
 
 
 if __name__ == "__main__":
-    if len(sys.argv) == 6 and sys.argv[1] == "--first-draw":
+    if len(sys.argv) == 7 and sys.argv[1] == "--first-draw":
         first_draw_main(*sys.argv[2:])
     else:
         main(sys.argv[1:])

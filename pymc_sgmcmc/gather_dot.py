@@ -536,10 +536,9 @@ def absorb_specified_shape(fgraph, node):
 def fuse_glm_products(fgraph, node):
     """``GatherTDot(X, idx, f(GatherDot(X, idx, b), a...))`` -> ``GatherGLMProduct`` for an
     elementwise ``f`` (one ``Elemwise``, fused by then) of columns of X's float type (float32
-    or float64), when nothing else
-    reads the predictor ``z = X[idx] @ b`` or the weights ``f(z, ...)``: the single pass
-    computes neither for others (a sampler that also needs ``z``, for per-observation
-    gradients, keeps the two products)."""
+    or float64), when nothing else reads the predictor ``z = X[idx] @ b`` or the weights
+    ``f(z, ...)``: the single pass computes neither for others (a sampler that also needs
+    ``z``, for per-observation gradients, keeps the two products)."""
     x, idx, weights = node.inputs
     elemwise = weights.owner
     if (
