@@ -581,9 +581,15 @@ optdb.register(
 optdb.register("fuse_glm_products", in2out(fuse_glm_products), TAG, position=49.25)
 
 
+def including_for_linker(mode, linker: type, tag: str) -> Mode | str | None:
+    """``mode`` with the rewrites tagged ``tag`` included if its linker is a ``linker``;
+    otherwise ``mode`` unchanged."""
+    resolved = get_mode(mode)
+    if isinstance(resolved.linker, linker):
+        return resolved.including(tag)
+    return mode
+
+
 def with_gather_dot(mode) -> Mode | str | None:
     """``mode`` with the fused products included where they have kernels (numba)."""
-    resolved = get_mode(mode)
-    if isinstance(resolved.linker, NumbaLinker):
-        return resolved.including(TAG)
-    return mode
+    return including_for_linker(mode, NumbaLinker, TAG)

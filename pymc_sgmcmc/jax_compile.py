@@ -16,11 +16,13 @@ for the JAX backend only (:func:`with_jax_reductions`).
 from __future__ import annotations
 
 from pytensor.compile import optdb
-from pytensor.compile.mode import Mode, get_mode
+from pytensor.compile.mode import Mode
 from pytensor.graph.rewriting.basic import in2out, node_rewriter
 from pytensor.link.jax.linker import JAXLinker
 from pytensor.tensor.basic import cast
 from pytensor.tensor.elemwise import CAReduce
+
+from pymc_sgmcmc.gather_dot import including_for_linker
 
 TAG = "sgmcmc_jax_reduce"
 
@@ -42,7 +44,4 @@ optdb.register("reduce_then_cast", in2out(reduce_then_cast), TAG, position=49.4)
 
 def with_jax_reductions(mode) -> Mode | str | None:
     """``mode`` with the rewrite ``reduce_then_cast`` included where the linker is JAX's."""
-    resolved = get_mode(mode)
-    if isinstance(resolved.linker, JAXLinker):
-        return resolved.including(TAG)
-    return mode
+    return including_for_linker(mode, JAXLinker, TAG)
