@@ -399,6 +399,7 @@ def test_sgld_and_sgnht_sample_one_row_minibatches():
         ),
         (lambda: MSGLD(step_size="big"), "step_size must be a positive number"),
         (lambda: NOGIN(step_size=1e-3, averaging=0.0), r"averaging must be None or lie in"),
+        (lambda: NOGIN(step_size=1e-3, cg_tolerance=0.0), r"cg_tolerance must lie in \(0, 1\)"),
         (lambda: MCCAdL(step_size=1e-3, averaging=1.5), r"averaging must be None or lie in"),
         (lambda: CCAdL(step_size=1e-3, averaging=-0.1), r"averaging must be None or lie in"),
         (lambda: NOGIN(step_size=1e-3, noise_shrinkage=2.0), "noise_shrinkage must be None"),

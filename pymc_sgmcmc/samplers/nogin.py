@@ -52,11 +52,21 @@ class NOGIN(SGMCMC):
         How :math:`((1+\lambda^2) I + \tfrac{h^2}{4}\Sigma)^{-1} p` is computed. "direct":
         a D x D solve when D <= n, else Woodbury through the n x n system (either costs
         :math:`n \min(D, n)^2` to form); "cg": conjugate gradients with :math:`\Sigma`-vector
-        products only (O(nD) each), stopped at relative residual 1e-10 (at most 200
-        iterations; 5-8 at D = 100, n = 500, h = 1e-3, 8-22 at h = 5e-3; with ``mode="JAX"``
-        always 50, the iterate frozen once converged). "auto" takes
+        products only (O(nD) each), stopped at relative residual ``cg_tolerance`` (at most 200
+        iterations; with ``mode="JAX"`` always 50, the iterate frozen once converged). "auto"
+        takes
         "direct" when :math:`\min(D, n) \le 32` and "cg" otherwise: at D = 100, n = 500 a
         CG step costs about a third of a direct one (``benchmarks/covariance_results_cost.md``).
+    cg_tolerance : float, default 1e-6
+        Relative residual :math:`\|r\| / \|p\|` at which conjugate gradients stop (at least
+        1e-5 for a float32 model, whose rounding leaves residuals of about 1e-6). The matrix
+        is well conditioned (eigenvalues in :math:`[1+\lambda^2, 1+\lambda^2 +
+        \tfrac{h^2}{4}\lambda_{max}(\Sigma)]`), so each iteration gains one to several
+        digits; a relative error of 1e-6 in the damped momentum is far below that of
+        :math:`\Sigma` itself, estimated from n rows (about :math:`\sqrt{D/n}`). Against 1e-10,
+        the earlier default, it takes 20 % less time per step at D = 100, n = 500, h = 1e-3
+        (117 against 147 µs, medians of six alternated runs; SGLD 19-21 µs) and 25 % less at
+        h = 5e-3 (220 against 294 µs).
     noise_covariance : {"estimate", "exact"}, default "estimate"
         :math:`\Sigma` from the per-observation gradients of the same minibatch as
         :math:`\tilde F` (the paper's practical choice), or, as a testing device, the exact
@@ -150,6 +160,7 @@ class NOGIN(SGMCMC):
         step_size: float | None = None,
         friction: float = 1.0,
         solver: Literal["auto", "direct", "cg"] = "auto",
+        cg_tolerance: float = 1e-6,
         noise_covariance: Literal["estimate", "exact"] = "estimate",
         averaging: float | None = None,
         noise_shrinkage: float | Literal["auto"] | None = None,
@@ -172,6 +183,9 @@ class NOGIN(SGMCMC):
             # The exact Sigma is that of the plain minibatch force, not of the control variate.
             raise ValueError("noise_covariance='exact' cannot be combined with control_variates")
         self.solver = solver
+        if not 0.0 < cg_tolerance < 1.0:
+            raise ValueError(f"cg_tolerance must lie in (0, 1), got {cg_tolerance}")
+        self.cg_tolerance = float(cg_tolerance)
         self.noise_covariance = noise_covariance
         super().__init__(vars, **kwargs)
 
@@ -199,8 +213,13 @@ class NOGIN(SGMCMC):
         if self._solver() == "cg":
             # JAX has no loop of data-dependent length: a fixed count, frozen once converged.
             fixed = {"iterations": JAX_CG_ITERATIONS, "fixed_count": True}
+            floor = 1e-5 if self.dtype == "float32" else 0.0  # float32's rounding
             solved = sigma.solve_shifted_cg(
-                1.0 + lam2, b, p, **(fixed if self.static_shapes else {})
+                1.0 + lam2,
+                b,
+                p,
+                tolerance=max(self.cg_tolerance, floor),
+                **(fixed if self.static_shapes else {}),
             )
         else:
             solved = sigma.solve_shifted(1.0 + lam2, b, p)
