@@ -835,8 +835,8 @@ class Covariance:
     ) -> Variable:
         """The same solve by conjugate gradients, with matrix-vector products only.
 
-        Stops when the residual falls below ``tolerance`` times ||v|| (default 1e-10 in
-        float64, 1e-5 in float32, whose rounding leaves residuals of about 1e-6) or after
+        Stops when the residual falls below ``tolerance`` times ||v|| (default 1e-10; in
+        float32 at least 1e-5, since its rounding leaves residuals of about 1e-6) or after
         ``iterations`` products. The matrix is well conditioned (its eigenvalues lie in
         [alpha, alpha + b lambda_max]), so a few iterations usually suffice: with a shrunk
         estimate (``ShrunkCovariance``) the spread, hence the count, drops further.
@@ -846,8 +846,8 @@ class Covariance:
         def apply(x):
             return alpha * x + b * self.matvec(x)
 
-        if tolerance is None:
-            tolerance = 1e-10 if v.type.dtype == "float64" else 1e-5
+        floor = 1e-5 if v.type.dtype == "float32" else 0.0
+        tolerance = max(1e-10 if tolerance is None else tolerance, floor)
         stop = (tolerance**2) * pt.dot(v, v)
 
         def cg_step(x, r, d, rr):

@@ -213,12 +213,11 @@ class NOGIN(SGMCMC):
         if self._solver() == "cg":
             # JAX has no loop of data-dependent length: a fixed count, frozen once converged.
             fixed = {"iterations": JAX_CG_ITERATIONS, "fixed_count": True}
-            floor = 1e-5 if self.dtype == "float32" else 0.0  # float32's rounding
             solved = sigma.solve_shifted_cg(
                 1.0 + lam2,
                 b,
                 p,
-                tolerance=max(self.cg_tolerance, floor),
+                tolerance=self.cg_tolerance,
                 **(fixed if self.static_shapes else {}),
             )
         else:
