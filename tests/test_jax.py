@@ -3,7 +3,7 @@
 All randomness (minibatch indices, Gaussian noise) is drawn on the host in NumPy and passed to
 the compiled block, so with the same ``random_seed`` the two backends run the same arithmetic
 on the same inputs: the draws must agree to rounding (float64), the sharpest check that the
-JAX path (static block lengths with padded short blocks, fixed-count CG and Taylor loops)
+JAX path (static block lengths with padded short blocks, fixed-count CG and Lanczos loops)
 computes the same chain. Skipped when JAX is not installed (it is in the ``test`` extra).
 """
 
@@ -57,9 +57,9 @@ def assert_same_chain(default, jax, stats=("minibatch_logp", "step_size", "diver
 
 
 # Options that reach the code JAX needs changed: NOGIN's CG (a loop with a stopping rule) and
-# mCCAdL's Taylor product (a loop of data-dependent length), the eigen-decompositions of
+# mCCAdL's Lanczos product (a loop of data-dependent length), the eigen-decompositions of
 # mSGLD and SGHMC's B-hat, CCAdL's moving average; the noise-estimate options' carried
-# average (NOGIN) and diagonal shrinkage (mCCAdL's Taylor product with a shifted floor).
+# average (NOGIN) and diagonal shrinkage (mCCAdL's Lanczos product).
 SAMPLERS = {
     "SGLD": lambda **kw: SGLD(step_size=0.01, **kw),
     # mSGLD at 0.01 is at this model's stability edge (4 / lambda_max ~ 0.01) and diverges
@@ -142,19 +142,21 @@ def test_static_shapes_follow_the_mode():
         assert not SGLD(step_size=0.01).static_shapes
 
 
-def test_taylor_product_beyond_its_fixed_count_is_nan():
-    # JAX runs a fixed number of products: enough gives the unbounded loop's result, too few
-    # a NaN (a divergence for the sampler), never a silently truncated series.
+def test_expm_product_with_a_fixed_count_is_the_stopping_loops():
+    # JAX runs a fixed number of Lanczos iterations: those after the stop change nothing (the
+    # same result and count as the loop that stops), and a cap too low for the tolerance
+    # gives NaN (a divergence for the sampler), never a silently truncated product.
     rng = np.random.default_rng(0)
-    a = rng.standard_normal((4, 4))
-    sigma = DenseCovariance(pt.constant(a @ a.T), 4)
-    v = pt.constant(rng.standard_normal(4))
+    a = rng.standard_normal((6, 6))
+    sigma = DenseCovariance(pt.constant(a @ a.T), 6)
+    v = pt.constant(rng.standard_normal(6))
     scale = pt.scalar("scale")
-    outputs = [sigma.expm_matvec(scale, v, "double", cap)[0] for cap in (None, 64, 2)] + [
-        pt.prod(sigma.expm_matvec(scale, v, "double")[1:])
-    ]
-    fn = pytensor.function([scale], outputs, mode="FAST_COMPILE")
-    free, capped, short, products = fn(-0.3)
-    assert 2 < products <= 64
-    np.testing.assert_allclose(capped, free, rtol=1e-14)
+    free, free_count = sigma.expm_matvec(scale, v, "double", 64)
+    fixed, fixed_count = sigma.expm_matvec(scale, v, "double", 64, fixed_count=True)
+    short = sigma.expm_matvec(scale, v, "double", 2, fixed_count=True)[0]
+    fn = pytensor.function([scale], [free, free_count, fixed, fixed_count, short])
+    free, free_count, fixed, fixed_count, short = fn(-0.3)
+    assert 2 < free_count == fixed_count < 64
+    # The padded tridiagonal matrix is decomposed as a whole: the same to rounding.
+    np.testing.assert_allclose(fixed, free, rtol=1e-12, atol=1e-15)
     assert np.isnan(short).all()

@@ -7,7 +7,7 @@ from typing import Literal
 import numpy as np
 
 from pymc_sgmcmc.base import SGMCMC, Step, Thermostatted, positive
-from pymc_sgmcmc.model_layer import TAYLOR_THETA
+from pymc_sgmcmc.model_layer import EXPM_TOLERANCE
 from pymc_sgmcmc.operators import drift, kick, kinetic_temperature, ornstein_uhlenbeck, thermostat
 
 __all__ = ["MCCAdL"]
@@ -19,10 +19,11 @@ class MCCAdL(Thermostatted):
     The symmetric splitting BAODCDOAB of the CCAdL dynamics (``ALGORITHMS.md`` section 6):
     B(h/2) A(h/2) O(h/2) D(h/2) C(h) D(h/2) O(h/2) A(h/2) B(h/2), where C integrates
     :math:`dp = -\tfrac{h}{2}\Sigma(\theta) p\,dt` exactly over time h,
-    :math:`p \leftarrow \exp(-\tfrac{h^2}{2}\Sigma)\,p`, by the shifted, scaled, truncated
-    Taylor product of the paper's eqs. 18-22 with (s, m) from Al-Mohy & Higham's
-    backward-error bounds and only :math:`\Sigma`-vector products (see
-    :meth:`pymc_sgmcmc.model_layer.Covariance.expm_matvec`).
+    :math:`p \leftarrow \exp(-\tfrac{h^2}{2}\Sigma)\,p`, with only :math:`\Sigma`-vector
+    products: by the Lanczos process with a bound on its error rather than the paper's scaled
+    Taylor polynomial (eqs. 18-22), whose choice of scaling needs an estimate of
+    :math:`\|\Sigma\|`; the same product, to the same tolerance, from a third of the products
+    at the papers' step sizes (see :meth:`pymc_sgmcmc.model_layer.Covariance.expm_matvec`).
 
     :math:`\Sigma` comes from the per-observation gradients of the minibatch of the step's
     force evaluation (eq. 15, no moving average), i.e. at the position where the step starts:
@@ -80,20 +81,20 @@ class MCCAdL(Thermostatted):
         only the correlations are shrunk, so per-coordinate noise levels are kept; "auto"
         then estimates :math:`\rho` from the off-diagonal entries). Same cost per step.
     expm_tolerance : {"half", "single", "double"}, default "half"
-        Backward-error tolerance u of the Taylor product, 2^-11, 2^-24 or 2^-53 relative to
-        :math:`\|\tfrac{h^2}{2}\Sigma\|` (Al-Mohy & Higham's bound, their tables recomputed
-        for each u): the product is exactly :math:`\exp(-\tfrac{h^2}{2}(\Sigma + \Delta))p`
-        with :math:`\|\Delta\| \le u\,\|\Sigma\|`. Even "half" (5e-4 relative) perturbs
-        :math:`\Sigma` by orders of magnitude less than its estimation error from n rows
-        (about :math:`\sqrt{D/n}` relative: 45 % at D = 100, n = 500), with about 60 % of
-        the products of "single" (forward errors measured against ``scipy.linalg.expm``:
-        at most 7e-7 relative for "half", 3e-12 for "single").
+        Bound on the error of the C step's product relative to :math:`\|p\|`: 2^-11, 2^-24
+        or 2^-53. With :math:`\|\tfrac{h^2}{2}\Sigma\|` of order one, "half" (5e-4) is a
+        perturbation of :math:`\Sigma` of about 5e-4 relative, orders of magnitude less than
+        its estimation error from n rows (about :math:`\sqrt{D/n}` relative: 45 % at
+        D = 100, n = 500). Measured on the D = 100 regression at h = 1e-3: 3 products and
+        errors of at most 2e-4 for "half", 5-6 products and 5e-8 for "single".
     expm_max_products : int, default 64
-        With ``mode="JAX"`` only, which cannot run a loop of data-dependent length: the C
-        step always runs this many :math:`\Sigma`-vector products (those beyond s·m change
-        nothing), and a step that needs more (:math:`\|\tfrac{h^2}{2}\Sigma\|` beyond
-        about 16 at "half", 12.6 at "single", 7.1 at "double" for 64) is treated as a
-        divergence. Other modes run exactly s·m products.
+        At most this many :math:`\Sigma`-vector products per C step (Lanczos iterations). A
+        step that reaches the cap without meeting the tolerance's bound is kept when the
+        a-posteriori error estimate meets it, else treated as a divergence. Far enough from
+        the cap at the papers' step sizes near the posterior (3 products at h = 1e-3, 11 at
+        h = 5e-3 on the D = 100 regression) and in the transient from theta = 0 (about 30
+        at h = 1e-3). With ``mode="JAX"``, which cannot run a loop of data-dependent length,
+        every step runs this many iterations (those after the stop change nothing).
     **kwargs
         ``thin``, ``block_steps``, ``mode``, ``compile_kwargs``, ``model``,
         ``divergence_threshold``: see :class:`pymc_sgmcmc.base.SGMCMC`.
@@ -102,11 +103,10 @@ class MCCAdL(Thermostatted):
     -----
     ``tune`` draws adapt the kernel (step size if not given, diagonal preconditioner, thin;
     see :class:`pymc_sgmcmc.base.SGMCMC`); after tuning the kernel is fixed.
-    Momentum :math:`N(0, I)` and :math:`\xi = A` at every chain
-    (re)start and at the end of tuning. The C step costs s·m covariance-vector products plus
-    4 for the power iteration that bounds :math:`\|\Sigma\|` for the choice of (s, m);
-    the per-observation gradients cost more than the summed gradient (CCAdL, which adds
-    little else to SGNHT, takes 2.0x SGLD's time per step at D = 100, n = 500).
+    Momentum :math:`N(0, I)` and :math:`\xi = A` at every chain (re)start and at the end of
+    tuning. The C step costs ``expm_products`` covariance-vector products, each about half an
+    SGLD step at D = 100, n = 500, and the per-observation gradients cost more than the summed
+    gradient (CCAdL, which adds little else to SGNHT, takes 1.6x SGLD's time per step there).
 
     Sampler stats
     -------------
@@ -128,10 +128,9 @@ class MCCAdL(Thermostatted):
         :math:`\xi` at the draw.
     noise_trace : float
         :math:`\operatorname{tr}\Sigma` at the draw's force evaluation.
-    expm_scaling : int
-        s, the number of Taylor-polynomial applications in the C step that followed the draw.
-    expm_degree : int
-        m, the Taylor degree in that C step.
+    expm_products : int
+        :math:`\Sigma`-vector products (Lanczos iterations) of the C step that followed the
+        draw.
     noise_shrinkage : float
         The shrinkage intensity :math:`\rho` in use (0 for the paper's estimate).
     """
@@ -146,8 +145,7 @@ class MCCAdL(Thermostatted):
         "kinetic_temperature": (np.float64, []),
         "thermostat": (np.float64, []),
         "noise_trace": (np.float64, []),
-        "expm_scaling": (np.int64, []),
-        "expm_degree": (np.int64, []),
+        "expm_products": (np.int64, []),
         **SGMCMC.noise_estimate_stats,
     }
 
@@ -173,7 +171,7 @@ class MCCAdL(Thermostatted):
         if covariance not in ("lowrank", "full", "diag"):
             raise ValueError(f"covariance must be 'lowrank', 'full' or 'diag', got {covariance!r}")
         self.covariance = covariance
-        if expm_tolerance not in TAYLOR_THETA:
+        if expm_tolerance not in EXPM_TOLERANCE:
             raise ValueError(
                 f"expm_tolerance must be 'half', 'single' or 'double', got {expm_tolerance!r}"
             )
@@ -208,8 +206,9 @@ class MCCAdL(Thermostatted):
         theta_new = drift(theta, p, half)  # A(h/2)
         p = ornstein_uhlenbeck(p, xi, a, half, noise[0])  # O(h/2) with the old xi
         xi_new = thermostat(xi, p, half, mu)  # D(h/2)
-        cap = self.expm_max_products if self.static_shapes else None  # JAX: a fixed count
-        p, s, m = sigma.expm_matvec(-(h**2) / 2.0, p, self.expm_tolerance, cap)  # C(h)
+        p, products = sigma.expm_matvec(  # C(h); JAX runs a fixed count
+            -(h**2) / 2.0, p, self.expm_tolerance, self.expm_max_products, self.static_shapes
+        )
         xi_new = thermostat(xi_new, p, half, mu)  # D(h/2)
         p = ornstein_uhlenbeck(p, xi_new, a, half, noise[1])  # O(h/2) with the new xi
         theta_new = drift(theta_new, p, half)  # A(h/2)
@@ -218,8 +217,7 @@ class MCCAdL(Thermostatted):
             "kinetic_temperature": kinetic_temperature(p_draw),
             "thermostat": xi,
             "noise_trace": sigma.trace(),
-            "expm_scaling": s,
-            "expm_degree": m,
+            "expm_products": products,
         }
         new = {"theta": theta_new, "momentum": p, "thermostat": xi_new, **average}
         return Step(new, theta, stats)
