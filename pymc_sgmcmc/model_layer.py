@@ -1167,7 +1167,7 @@ class ShrunkCovariance(Covariance):
     minimises the expected Frobenius error is estimated from the same n rows
     (:func:`ledoit_wolf_statistics`). Every operation reduces to one of the base estimate with
     shifted coefficients (a scalar shift for the identity target, a diagonal one for the
-    diagonal target), so the low-rank, Woodbury and Taylor paths are kept and cost the same.
+    diagonal target), so the low-rank, Woodbury and Lanczos paths are kept and cost the same.
     """
 
     def __init__(self, base: Covariance, intensity: Variable, target: str = "identity"):

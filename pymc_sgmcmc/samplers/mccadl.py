@@ -70,7 +70,7 @@ class MCCAdL(Thermostatted):
         every adaptation window and at the end of ``tune`` ("auto"; then fixed), or the
         given number in [0, 1]. It removes the part of the variance inflation at large step
         sizes that comes from the sample covariance's eigenvalue spread, and makes the C step
-        cheaper (its Taylor product only sees (1 - rho) times the spread); the rest of
+        cheaper (its Lanczos product only sees (1 - rho) times the spread); the rest of
         mCCAdL's inflation at large h comes from the gradient noise h^2 Sigma per step
         outgrowing the unit momentum variance the C step can remove (see
         ``benchmarks/noise_estimator_results_*.md``).
