@@ -928,8 +928,8 @@ class Covariance:
             # Iterations after the stop leave the state and add zeros to T and Q.
             old = (q_prev, q, beta_prev, log_bound, gamma, count, done)
             state = tuple(pt.switch(done, o, n) for o, n in zip(old, new, strict=True))
-            zero = pt.zeros_like(alpha)
-            out = (pt.switch(done, zero, alpha), pt.switch(done, zero, coupling))
+            nothing = pt.zeros_like(alpha)
+            out = (pt.switch(done, nothing, alpha), pt.switch(done, nothing, coupling))
             return (*out, pt.switch(done, pt.zeros_like(q), q), *state)
 
         zero = pt.constant(0.0, dtype=dtype)
@@ -1013,6 +1013,10 @@ class DiagonalCovariance(Covariance):
 
     def solve_shifted(self, alpha, b, v):
         return v / (alpha + b * self.diag)
+
+    def expm_matvec(self, scale, v, tolerance="half", max_products=64, fixed_count=False):
+        # Exact, elementwise: no products with Sigma (0 in the count).
+        return pt.exp(scale * self.diag) * v, pt.constant(0, dtype="int64")
 
     def scaled(self, scale: Variable) -> DiagonalCovariance:
         return DiagonalCovariance(scale**2 * self.diag, self.dim)

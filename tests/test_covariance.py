@@ -120,6 +120,18 @@ def test_expm_matvec_meets_its_error_bound(n_rows, dim, tolerance):
         assert counts[2] <= 4  # ||t Sigma|| = 0.4, as at h = 1e-3 on the D = 100 regression
 
 
+def test_expm_matvec_of_the_diagonal_form_is_exact():
+    # The diagonal estimate's exponential is elementwise: exact, and no Sigma-products.
+    rng = np.random.default_rng(3)
+    G, v, scale = pt.matrix("G"), pt.vector("v"), pt.scalar("scale")
+    result, products = NoiseCovariance(G, 8, 30).as_form("diag").expm_matvec(scale, v)
+    g, vec = rng.standard_normal((30, 8)), rng.standard_normal(8)
+    out, count = pytensor.function([G, v, scale], [result, products])(g, vec, -0.7)
+    expected = scipy.linalg.expm(-0.7 * np.diag(np.diag(sample_covariance(g)))) @ vec
+    np.testing.assert_allclose(out, expected, rtol=1e-12)
+    assert count == 0
+
+
 def test_expm_matvec_at_the_cap_keeps_accurate_products_only():
     # At the cap the a-posteriori estimate decides: ||t Sigma|| = 1e4 leaves only the
     # smallest eigen-directions, which 40 products resolve (the bound alone would take

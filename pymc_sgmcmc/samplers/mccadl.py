@@ -45,7 +45,8 @@ class MCCAdL(Thermostatted):
     covariance : {"lowrank", "full", "diag"}, default "lowrank"
         Form of :math:`\Sigma` for the C step: products with the centred per-observation
         gradients (O(nD) each, never forming D x D), the D x D matrix (O(nD^2) to form, then
-        O(D^2) per product) or its diagonal.
+        O(D^2) per product) or its diagonal (whose exponential is exact and elementwise:
+        ``expm_products`` 0).
     averaging : float, optional
         None (default, the paper): each step uses the estimate of :math:`\Sigma` from its own
         minibatch. A weight :math:`\kappa \in (0, 1]`: the step uses the moving average of the
