@@ -318,10 +318,17 @@ def run_sgld_thin1(problem: Problem, s: Settings, cfg: Config) -> Result:
 def first_draw_subprocess(
     key: str, name: str, s: Settings, compiledir: str, dtype: str = "float64"
 ) -> float:
-    """Time to first draw in a fresh process whose PyTensor base compile directory is given
-    (PyTensor's numba cache lives in ``base_compiledir/numba``, not in ``compiledir``)."""
+    """Time to first draw in a fresh process whose compile caches are in ``compiledir``:
+    PyTensor's base compile directory (its numba cache lives in ``base_compiledir/numba``,
+    not in ``compiledir``) and numba's own cache directory, where the package's kernel
+    helpers (``cache=True`` functions of :mod:`pymc_sgmcmc.gather_dot`) are cached, which
+    would otherwise stay in the package's ``__pycache__`` from earlier runs."""
     flags = os.environ.get("PYTENSOR_FLAGS", "")
-    env = {**os.environ, "PYTENSOR_FLAGS": f"{flags},base_compiledir={compiledir}".lstrip(",")}
+    env = {
+        **os.environ,
+        "PYTENSOR_FLAGS": f"{flags},base_compiledir={compiledir}".lstrip(","),
+        "NUMBA_CACHE_DIR": os.path.join(compiledir, "numba_cache_dir"),
+    }
     out = subprocess.run(
         [sys.executable, __file__, "--first-draw", key, name, str(s.lam), str(s.noise), dtype],
         env=env,
@@ -333,7 +340,7 @@ def first_draw_subprocess(
 
 
 def compile_times(key: str, name: str, s: Settings, dtype: str) -> tuple[float, float]:
-    """(cold, warm): an empty compile directory, then the same one again."""
+    """(cold, warm): empty compile caches, then the same ones again."""
     with tempfile.TemporaryDirectory() as tmp:
         cold = first_draw_subprocess(key, name, s, tmp, dtype)
         warm = first_draw_subprocess(key, name, s, tmp, dtype)
@@ -722,8 +729,9 @@ def write_report(cfg: Config, all_rows, infos, header: dict, path: Path) -> None
         "every stored draw through PyMC's trace; NUTS: draws/s after tuning). **first draw** = "
         "step construction + `pm.sample` call to the first draw in this process, with the compile "
         "cache as found (JAX: jit compile + first 1,000-step chunk). **compile cold / warm** = "
-        "the same in a fresh process with an empty PyTensor compile directory, then again with "
-        "the one it filled. **time to result** = first draw + wall time until the draws "
+        "the same in a fresh process with an empty PyTensor compile directory and an empty numba "
+        "cache directory, then again with the ones it filled. **time to result** = first draw "
+        "+ wall time until the draws "
         f"estimate the posterior means within {MEAN_TOL} posterior sd and the variances within "
         f"{VAR_TOL:.0%} (root mean square over coordinates), checked at {CHECKPOINTS} "
         "checkpoints on the second half of the draws so far (NUTS: all draws after tuning) and "
