@@ -24,6 +24,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+from compile_caches import compile_cache_env
 
 HERE = Path(__file__).parent
 N, D, BATCH, PRIOR_VAR, EPS = 10_000, 100, 500, 10.0, 1e-4
@@ -105,7 +106,7 @@ def time_to_first_draw(name: str) -> float:
 def first_draw_in_subprocess(name: str, env: dict) -> float:
     out = subprocess.run(
         [sys.executable, __file__, "--first-draw", name],
-        env={**os.environ, **env},
+        env=env,
         capture_output=True,
         text=True,
         check=True,
@@ -131,20 +132,7 @@ def main() -> None:
     print(f"NumPy SGLD: {baseline:,.0f} steps/s")
     with tempfile.TemporaryDirectory() as cache_dir:
         for name in ("SGLD", "SGNHT"):
-            # Empty caches: PyTensor's base compile directory (numba's cache of PyTensor's
-            # functions lives in base_compiledir/numba, not in compiledir) and numba's own
-            # cache directory (the package's cached kernel helpers); then the same ones again.
-            caches = {
-                "PYTENSOR_FLAGS": ",".join(
-                    f
-                    for f in (
-                        os.environ.get("PYTENSOR_FLAGS"),
-                        f"base_compiledir={cache_dir}/{name}",
-                    )
-                    if f
-                ),
-                "NUMBA_CACHE_DIR": f"{cache_dir}/{name}/numba_cache_dir",
-            }
+            caches = compile_cache_env(f"{cache_dir}/{name}")  # empty, then warm
             cold = first_draw_in_subprocess(name, caches)
             warm = first_draw_in_subprocess(name, caches)
             for thin in (1, 10):

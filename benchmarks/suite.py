@@ -60,6 +60,7 @@ import numpy as np
 HERE = Path(__file__).parent
 sys.path.insert(0, str(HERE))
 
+from compile_caches import compile_cache_env  # noqa: E402
 from problems import PROBLEMS, Problem, Reference, make_problem, reference  # noqa: E402
 from report import load_average, machine, versions  # noqa: E402
 
@@ -318,17 +319,9 @@ def run_sgld_thin1(problem: Problem, s: Settings, cfg: Config) -> Result:
 def first_draw_subprocess(
     key: str, name: str, s: Settings, compiledir: str, dtype: str = "float64"
 ) -> float:
-    """Time to first draw in a fresh process whose compile caches are in ``compiledir``:
-    PyTensor's base compile directory (its numba cache lives in ``base_compiledir/numba``,
-    not in ``compiledir``) and numba's own cache directory, where the package's kernel
-    helpers (``cache=True`` functions of :mod:`pymc_sgmcmc.gather_dot`) are cached, which
-    would otherwise stay in the package's ``__pycache__`` from earlier runs."""
-    flags = os.environ.get("PYTENSOR_FLAGS", "")
-    env = {
-        **os.environ,
-        "PYTENSOR_FLAGS": f"{flags},base_compiledir={compiledir}".lstrip(","),
-        "NUMBA_CACHE_DIR": os.path.join(compiledir, "numba_cache_dir"),
-    }
+    """Time to first draw in a fresh process whose compile caches are in ``compiledir``
+    (:func:`compile_caches.compile_cache_env`)."""
+    env = compile_cache_env(compiledir)
     out = subprocess.run(
         [sys.executable, __file__, "--first-draw", key, name, str(s.lam), str(s.noise), dtype],
         env=env,
