@@ -169,6 +169,29 @@ def test_blocks_compile_with_plain_assignment_errors():
     assert a[0].tolist() == [1.0, 1.0, 1.0]
 
 
+def test_block_step_compiles_once_when_a_state_comes_back_as_a_view():
+    # SGNHT's thermostat is updated from p . p, which PyTensor's numba code returns as a 0-d
+    # strided view (layout "A") while the state entered the loop as a C-contiguous array:
+    # without stable_state numba unifies the loop variable's type and compiles the whole step
+    # a second time.
+    import pytensor
+    from numba.core import event
+
+    with small_problem().model():
+        step = SGNHT(step_size=1e-2, thin=2)
+        # No numba cache: the block's step must compile here, where its compilations are counted.
+        with pytensor.config.change_flags(numba__cache=False):
+            with event.install_recorder("numba:compile") as recorder:
+                idata = pm.sample(draws=3, step=step, random_seed=1, **SAMPLE_KWARGS)
+    steps_compiled = [
+        e
+        for _, e in recorder.buffer
+        if e.is_start and e.data["dispatcher"].py_func.__name__ == "numba_scan"
+    ]
+    assert len(steps_compiled) == 1
+    assert np.isfinite(idata.sample_stats["thermostat"].values).all()
+
+
 _COMPILE_RUN = """
 import json, sys
 import numpy as np, pymc as pm
