@@ -54,6 +54,7 @@ __all__ = [
     "SGModel",
     "ScaledTarget",
     "ShrunkCovariance",
+    "inner",
     "ledoit_wolf_statistics",
 ]
 
@@ -61,6 +62,17 @@ __all__ = [
 #: geometry and step-size checks): Python's perform runs them in well under a second, where
 #: numba would compile each for seconds on a cold start.
 ONE_OFF_MODE = "FAST_COMPILE"
+
+
+def inner(x: Variable, y: Variable) -> Variable:
+    """x . y of two vectors as an elementwise product and sum, not a ``Dot``.
+
+    PyTensor's numba backend turns every ``Dot`` into a BLAS call whose wrapper numba compiles
+    once per combination of the operands' array layouts, about 1 s for C-contiguous operands
+    and 3-4 s for any whose layout numba only knows as "A" (a row of a matrix, an output of a
+    fused reduction), as vectors often are. A vector inner product gains nothing from BLAS at
+    these sizes, and as a loop it compiles with the elementwise code it is fused into."""
+    return pt.sum(x * y)
 
 
 class ModelError(ValueError):
@@ -825,14 +837,14 @@ class Covariance:
 
         floor = 1e-5 if v.type.dtype == "float32" else 0.0
         tolerance = max(1e-10 if tolerance is None else tolerance, floor)
-        stop = (tolerance**2) * pt.dot(v, v)
+        stop = (tolerance**2) * inner(v, v)
 
         def cg_step(x, r, d, rr):
             ad = apply(d)
-            step = pt.switch(rr > 0, rr / pt.dot(d, ad), 0.0)
+            step = pt.switch(rr > 0, rr / inner(d, ad), 0.0)
             x_new = x + step * d
             r_new = r - step * ad
-            rr_new = pt.dot(r_new, r_new)
+            rr_new = inner(r_new, r_new)
             d_new = r_new + pt.switch(rr > 0, rr_new / rr, 0.0) * d
             if fixed_count:
                 done = rr <= stop  # converged at an earlier iteration
@@ -845,7 +857,7 @@ class Covariance:
         # either way at h = 1e-3 on the D = 100 regression, 13.8 against 14.7 at 5e-3).
         outputs = pytensor.scan(
             cg_step,
-            outputs_info=[pt.zeros_like(v), v, v, pt.dot(v, v)],
+            outputs_info=[pt.zeros_like(v), v, v, inner(v, v)],
             n_steps=iterations,
             return_updates=False,
         )
@@ -906,13 +918,13 @@ class Covariance:
         dtype = v.type.dtype
         tiny = np.finfo(dtype).tiny
         t = -pt.as_tensor(scale).astype(dtype)  # |t|
-        norm_v = pt.sqrt(pt.dot(v, v))
+        norm_v = pt.sqrt(inner(v, v))
 
         def lanczos_step(q_prev, q, beta_prev, log_bound, gamma, count, done):
             w = self.matvec(q)
-            alpha = pt.dot(q, w)
+            alpha = inner(q, w)
             w = w - alpha * q - beta_prev * q_prev
-            beta = pt.sqrt(pt.dot(w, w))
+            beta = pt.sqrt(inner(w, w))
             gamma_new = pt.maximum(gamma, beta_prev + beta - alpha)
             count_new = count + 1
             # log of prod (|t| beta_i) / k!, in logs: the product under- or overflows.
@@ -956,13 +968,16 @@ class Covariance:
         tridiagonal = pt.diag(alphas) + pt.diag(off, 1) + pt.diag(off, -1)
         eigenvalues, vectors = pt.linalg.eigh(tridiagonal)
         first = vectors[0]
-        result = norm_v * pt.dot(pt.dot(vectors, pt.exp(-t * eigenvalues) * first), basis)
+        # Products with the small k x k and k x D matrices as elementwise sums (see
+        # :func:`inner`).
+        coefficients = pt.sum(vectors * (pt.exp(-t * eigenvalues) * first), axis=1)
+        result = norm_v * pt.sum(coefficients[:, None] * basis, axis=0)
         # Saad's estimate at the cap: the defect's (k, 1) entry integrated over [0, |t|],
         # (1 - exp(-|t| lambda)) / lambda per eigenvalue (|t| at lambda = 0).
         small = t * pt.abs(eigenvalues) < 1e-8
         safe = pt.switch(small, 1.0, eigenvalues)
         phi = pt.switch(small, t, -pt.expm1(-t * eigenvalues) / safe)
-        estimate = last_beta * pt.abs(pt.dot(vectors[count - 1], phi * first))
+        estimate = last_beta * pt.abs(inner(vectors[count - 1], phi * first))
         # Rounding alone leaves errors of some eps: a tolerance below that is met at 100 eps.
         accepted = pt.or_(converged, estimate <= max(u, 100 * np.finfo(dtype).eps))
         result = pt.switch(accepted, result, np.nan)
@@ -1073,8 +1088,10 @@ class NoiseCovariance(Covariance):
         if self.is_zero:
             return pt.zeros_like(v)
         w = self._scaled(v)
-        u = pt.dot(self.gradients, w) - pt.dot(self.mean, w)
-        return self.scale * self._scaled(pt.dot(self.gradients.T, u))
+        u = pt.dot(self.gradients, w) - inner(self.mean, w)
+        # u^T G rather than G^T u: numba types G^T as an "A"-layout array inside a loop, and
+        # compiles a BLAS wrapper for that layout alone (see :func:`inner`).
+        return self.scale * self._scaled(pt.dot(u, self.gradients))
 
     def dense(self) -> Variable:
         """Sigma as a D x D matrix (O(n D^2); for small D and for tests)."""

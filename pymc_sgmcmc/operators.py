@@ -16,6 +16,8 @@ from __future__ import annotations
 import pytensor.tensor as pt
 from pytensor.tensor.variable import TensorVariable
 
+from pymc_sgmcmc.model_layer import inner
+
 __all__ = ["drift", "kick", "kinetic_temperature", "ornstein_uhlenbeck", "thermostat"]
 
 
@@ -49,9 +51,9 @@ def ornstein_uhlenbeck(
 def thermostat(xi, p: TensorVariable, tau, mass) -> TensorVariable:
     """D(tau): xi <- xi + (tau / mu) (p^T p - D)."""
     dim = p.shape[0].astype(p.dtype)
-    return xi + (tau / mass) * (pt.dot(p, p) - dim)
+    return xi + (tau / mass) * (inner(p, p) - dim)
 
 
 def kinetic_temperature(p: TensorVariable) -> TensorVariable:
     """p^T p / D: equals 1 on average at the target temperature (M = I, beta = 1)."""
-    return pt.dot(p, p) / p.shape[0].astype(p.dtype)
+    return inner(p, p) / p.shape[0].astype(p.dtype)

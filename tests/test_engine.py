@@ -192,6 +192,40 @@ def test_block_step_compiles_once_when_a_state_comes_back_as_a_view():
     assert np.isfinite(idata.sample_stats["thermostat"].values).all()
 
 
+def test_covariance_loops_call_blas_with_c_contiguous_operands_only():
+    # numba compiles PyTensor's BLAS wrapper (the Dot op) once per combination of its operands'
+    # array layouts: ~1 s for C-contiguous ones, 3-4 s for one that numba types as "A". The
+    # Lanczos and conjugate-gradient loops and the thermostat's p . p used to hand it a row of
+    # a matrix, a fused reduction's output and G^T inside a loop ("A" and "F" operands).
+    import pytensor
+    import pytensor.tensor as pt
+    from numba.core import event
+
+    from pymc_sgmcmc.model_layer import NoiseCovariance
+    from pymc_sgmcmc.operators import kinetic_temperature, thermostat
+
+    rows, dim = 20, 5
+    gradients = pt.matrix("gradients", shape=(rows, dim))
+    v = pt.vector("v", shape=(dim,))
+    sigma = NoiseCovariance(gradients, dim, rows)
+    damped, _ = sigma.expm_matvec(-0.1, v)
+    solved = sigma.solve_shifted_cg(1.0, 0.1, v)
+    outputs = [damped, solved, kinetic_temperature(damped), thermostat(1.0, solved, 0.1, dim)]
+    # No numba cache: every Dot compiles here, where its argument types are recorded.
+    with pytensor.config.change_flags(numba__cache=False):
+        with event.install_recorder("numba:compile") as recorder:
+            fn = pytensor.function([gradients, v], outputs, mode="NUMBA")
+            results = fn(np.random.default_rng(0).normal(size=(rows, dim)), np.ones(dim))
+    layouts = [
+        tuple(arg.layout for arg in e.data["args"] if hasattr(arg, "layout"))
+        for _, e in recorder.buffer
+        if e.is_start and "numba_funcify_Dot" in e.data["dispatcher"].py_func.__qualname__
+    ]
+    assert layouts  # the products with the gradients stay BLAS calls
+    assert set(layouts) == {("C", "C")}
+    assert all(np.isfinite(r).all() for r in results)
+
+
 _COMPILE_RUN = """
 import json, sys
 import numpy as np, pymc as pm
