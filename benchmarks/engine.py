@@ -87,7 +87,7 @@ def block_cost(
     if not fused:
         original, base.with_gather_dot = base.with_gather_dot, lambda mode: mode
         try:
-            step._block_function(None)
+            step._block_function()
         finally:
             base.with_gather_dot = original
     step.setup_chain(np.random.default_rng(0), tune=0, draws=10**9)

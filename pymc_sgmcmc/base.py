@@ -7,8 +7,9 @@ step-method contract (``PLATFORM_NOTES.md``):
 * it compiles ``block_steps`` integrator steps into one PyTensor ``scan`` whose sequences are
   the minibatch indices, the Gaussian noise and the step sizes, all drawn here, in NumPy, from
   the chain's own generator: runs are reproducible whatever ``cores`` is, and every chain has
-  its own minibatch stream; every step has an ``active`` flag (an inactive step leaves the
-  state unchanged), so that backends with static shapes (JAX) run short blocks padded, and a
+  its own minibatch stream; a block has one compiled length (``block_length``) and every
+  step an ``active`` flag (an inactive step leaves the state unchanged), so a shorter block
+  runs padded (numba and C stop at the first padded step, JAX runs them all), and a
   ``logp`` flag: the minibatch log-density at the draw is a lazy branch (``ifelse``) computed
   only at the steps the host reads (the stored draws and the runaway check's);
 * ``astep`` hands out the stored draws of a block one by one (every ``thin``-th step);
@@ -39,6 +40,7 @@ from pytensor import config
 from pytensor.compile.mode import get_mode
 from pytensor.conditional.op import ifelse
 from pytensor.link.jax.linker import JAXLinker
+from pytensor.scan.utils import until
 from pytensor.tensor.variable import TensorVariable
 from rich.progress import TextColumn
 from rich.table import Column
@@ -56,7 +58,11 @@ from pymc_sgmcmc.model_layer import (
     SGModel,
     moving_average,
 )
-from pymc_sgmcmc.numba_compile import lean_cache_wrappers, plain_assignment_errors
+from pymc_sgmcmc.numba_compile import (
+    BLOCK_SCAN_NAME,
+    lean_cache_wrappers,
+    plain_assignment_errors,
+)
 from pymc_sgmcmc.runaway import (
     STRIDE,
     runaway_flags,
@@ -463,15 +469,25 @@ class SGMCMC(ArrayStepShared):
         self._functions = (init_fn, names, list(evaluated))
         self._block_functions = {}
 
+    @property
+    def block_length(self) -> int:
+        """Steps in a full block: the stored draws of ``block_steps`` steps, ``thin`` each."""
+        return max(1, self.block_steps // self.thin) * self.thin
+
     @_in_model_dtype
-    def _block_function(self, length: int | None):
-        """The compiled block of ``length`` steps (None: any length, for the backends that
-        take dynamic shapes), and the names of its integrator stats; built on first use.
+    def _block_function(self):
+        """The compiled block of :attr:`block_length` steps and the names of its integrator
+        stats; built on first use.
 
         Every step has an ``active`` flag: an inactive step leaves the state unchanged, so a
-        block shorter than the compiled length runs padded (JAX) and the host discards the
-        padded steps' outputs."""
+        shorter block runs padded and the host discards the padded steps' outputs. With
+        dynamic shapes (numba, C) the loop stops at the first inactive step (a ``while``
+        scan), so the padding costs one step; JAX runs them all. A fixed length keeps the
+        shape arithmetic out of the compiled function: with a length known only when it runs,
+        PyTensor computes the loop's count from the sequences' shapes and slices each of them
+        to it, six more ops that numba compiled for 1.0-1.5 s of a cold start (P1 SGLD)."""
         names = self.functions[1]  # compiles the rest first
+        length = self.block_length
         if length in self._block_functions:
             return self._block_functions[length]
         states0, kernel, kwargs = self._block_graph_inputs
@@ -516,13 +532,15 @@ class SGMCMC(ArrayStepShared):
             # Only the state is masked: the traced outputs of inactive steps are discarded.
             new = [pt.switch(active_t, v, state[n]) for n, v in zip(names, new, strict=True)]
             stat_values = [pt.as_tensor(v).astype("float64") for v in step.stats.values()]
-            return [*new, draw, sane, logp, *stat_values]
+            outputs = [*new, draw, sane, logp, *stat_values]
+            return outputs if self.static_shapes else (outputs, until(~active_t))
 
         n_stats = len(self._integrator_stat_names())
         outputs = pytensor.scan(
             one_step,
             sequences=[*index_seqs, *logp_index_seqs, noise_seq, h_seq, active_seq, logp_seq],
             outputs_info=[*states0] + [None] * (3 + n_stats),
+            name=BLOCK_SCAN_NAME,
             return_updates=False,
         )
         states, traces = outputs[: len(names)], outputs[len(names) :]
@@ -841,8 +859,7 @@ class SGMCMC(ArrayStepShared):
             if self.shrinkage_due and self.noise_shrinkage == "auto":
                 self._estimate_shrinkage(theta)
             self.chain_state = self._initial_state(theta)
-        full_draws = max(1, self.block_steps // self.thin)
-        n_draws = full_draws
+        n_draws = self.block_length // self.thin
         if self.draws_left is not None and self.draws_left > 0:
             n_draws = min(n_draws, self.draws_left)
         if self.tune and self.tune_left > 0:
@@ -856,9 +873,8 @@ class SGMCMC(ArrayStepShared):
         h = np.asarray(self.step_sizes(step_index), dtype=self.dtype)
         indices = self.sg_model.draw_indices(self.rng, n_steps)
         noise = self.rng.standard_normal((n_steps, self.noise_vectors, self.dim), dtype=self.dtype)
-        # JAX compiles one block length per thin (a full block); shorter blocks are padded.
-        length = full_draws * self.thin if self.static_shapes else None
-        block_fn, stat_names = self._block_function(length)
+        length = self.block_length  # one compiled length: shorter blocks are padded
+        block_fn, stat_names = self._block_function()
         checked, stored_steps = self._logp_steps(n_steps)
         wanted = np.zeros(n_steps, dtype=bool)
         wanted[checked] = wanted[stored_steps] = True
@@ -870,7 +886,7 @@ class SGMCMC(ArrayStepShared):
         # JAX returns read-only views of its buffers, which PyMC's trace cannot take.
         out = [o if o.flags.writeable else np.array(o) for o in map(np.asarray, out)]
         final = out[: len(names)]
-        # Padded steps (JAX) are not read.
+        # Padded steps are not read.
         thetas, sane, logps, *stats = (trace[:n_steps] for trace in out[len(names) :])
         check_logps, stored_logps = logps[checked], logps[stored_steps]
         stored = slice(self.thin - 1, None, self.thin)

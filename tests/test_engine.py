@@ -14,7 +14,7 @@ import pymc as pm
 import pytest
 from models import GaussianRegression
 
-from pymc_sgmcmc import SGLD, SGNHT
+from pymc_sgmcmc import SGLD, SGNHT, MCCAdL
 from pymc_sgmcmc.runaway import (
     SPREADS,
     WINDOW,
@@ -167,6 +167,88 @@ def test_blocks_compile_with_plain_assignment_errors():
     assert arrayobj.raise_with_shape_context is detailed
     assign_row(a := np.zeros((2, 3)), np.ones(3))  # compiled: still assigns
     assert a[0].tolist() == [1.0, 1.0, 1.0]
+
+
+def test_a_short_block_runs_one_padded_step_and_no_more(monkeypatch):
+    # A block has one compiled length (block_length; here 8 steps); a shorter one (here the
+    # 3 draws asked for) is padded with inactive steps, and the compiled loop stops after the
+    # first of them. Minibatch indices out of range from the second padded step on would
+    # raise an IndexError in any step that ran; the draws are those of the unpoisoned run.
+    import pymc_sgmcmc.base as base
+
+    def sample():
+        with small_problem().model():
+            step = SGLD(step_size=1e-4, thin=1, block_steps=8)
+            return pm.sample(draws=3, step=step, random_seed=4, **SAMPLE_KWARGS)
+
+    plain = sample()
+    padded = base._padded
+
+    def poisoned(sequences, flags, length):
+        out = padded(sequences, flags, length)
+        n_steps = len(flags[0])
+        assert length == 8 and n_steps == 3
+        for indices in out[:2]:  # the force's and the log-density's minibatch indices
+            indices[n_steps + 1 :] = 10**9
+        return out
+
+    monkeypatch.setattr(base, "_padded", poisoned)
+    idata = sample()
+    np.testing.assert_array_equal(idata.posterior["w"].values, plain.posterior["w"].values)
+    assert not idata.sample_stats["diverging"].any()
+
+
+def test_the_block_loop_is_compiled_without_pytensors_storage_epilogue(monkeypatch):
+    # A block's traces fill their storage (n_steps rows, a constant), so PyTensor's epilogue
+    # after the loop (putting a circular buffer's rows in order, cutting a while loop's
+    # outputs to the steps it ran) never changes the rows the host reads; dropping it saved
+    # ~0.9 s of a cold start (P1 SGLD).
+    import pytensor.link.numba.dispatch.scan as numba_scan
+    from pytensor.scan.op import Scan
+
+    import pymc_sgmcmc.numba_compile as nc
+
+    with small_problem().model():
+        step = SGLD(step_size=1e-4, thin=5, block_steps=20)
+    block_fn, _ = step._block_function()
+    (node,) = [n for n in block_fn.maker.fgraph.apply_nodes if isinstance(n.op, Scan)]
+    assert node.op.name == nc.BLOCK_SCAN_NAME and node.op.info.as_while
+    assert node.inputs[0].data == step.block_length == 20
+    assert nc._traces_fill_their_storage(node.op, node)
+    sources = []
+    compile_src = numba_scan.compile_numba_function_src
+
+    def record(src, name, *args, **kwargs):
+        sources.append(src)
+        return compile_src(src, name, *args, **kwargs)
+
+    monkeypatch.setattr(numba_scan, "compile_numba_function_src", record)
+    numba_scan.numba_funcify_Scan(node.op, node)
+    (src,) = sources
+    n_traces = len(node.op.outer_nitsot(node.inputs))
+    assert src.count("np.concatenate") == src.count("_nitsot_storage[:i + 0]") == n_traces
+    lean = nc._scan_source(src, drop_epilogue=True)
+    assert lean.split("i += 1")[1].strip().startswith("return ")  # nothing between
+    assert "np.concatenate" not in lean and "[:i + 0]" not in lean
+    assert lean.count("stable_state(") == src.count("_untraced_sit_sot_storage = ")
+    assert nc._scan_source(src, drop_epilogue=False).count("np.concatenate") == n_traces
+
+
+def test_loops_nested_in_the_block_keep_their_epilogue(monkeypatch):
+    # mCCAdL's Lanczos loop, inside the block's, is a while loop whose epilogue cuts its
+    # outputs to the iterations it ran; without it the tridiagonal eigensolver was handed
+    # uninitialised rows (a float32 chain then never returned from LAPACK).
+    import pymc_sgmcmc.numba_compile as nc
+
+    drops = []
+    rewrite = nc._scan_source
+    monkeypatch.setattr(
+        nc, "_scan_source", lambda src, drop: drops.append(drop) or rewrite(src, drop)
+    )
+    with small_problem().model():
+        step = MCCAdL(step_size=1e-3, thin=2, block_steps=10)
+    step._block_function()
+    assert len(drops) >= 2 and drops.count(True) == 1
 
 
 def test_block_step_compiles_once_when_a_state_comes_back_as_a_view():

@@ -107,7 +107,7 @@ def test_float32_model_is_sampled_in_float32(name):
         idata = pm.sample(draws=300, step=step, chains=1, random_seed=1, **SAMPLE_KWARGS)
     assert idata.posterior["w"].dtype == np.float32
     assert np.isfinite(idata.posterior["w"]).all() and not idata.sample_stats["diverging"].any()
-    assert float64_arrays_in_steps(step._block_function(None)[0]) == set()
+    assert float64_arrays_in_steps(step._block_function()[0]) == set()
     X, y = regression_data()
     least_squares = np.linalg.lstsq(X, y, rcond=None)[0]
     mean = idata.posterior["w"].mean(("chain", "draw")).values
