@@ -60,6 +60,7 @@ from pymc_sgmcmc.model_layer import (
 )
 from pymc_sgmcmc.numba_compile import (
     BLOCK_SCAN_NAME,
+    deterministic_fastmath,
     lean_cache_wrappers,
     plain_assignment_errors,
 )
@@ -570,7 +571,9 @@ class SGMCMC(ArrayStepShared):
             "mode": with_jax_reductions(with_gather_dot(kwargs.get("mode"))),
             "allow_input_downcast": True,
         }
-        with self.sg_model.model, lean_cache_wrappers():
+        # Fast math without reassociation: the same draws whether this process compiled the
+        # block or loaded it from numba's cache (``numba_compile``).
+        with self.sg_model.model, lean_cache_wrappers(), deterministic_fastmath():
             return compile_pymc(inputs, outputs, random_seed=False, **kwargs)
 
     @property

@@ -43,6 +43,8 @@ from pytensor.graph.traversal import ancestors, toposort
 from pytensor.scalar import upcast
 from pytensor.scan.utils import until
 
+from pymc_sgmcmc.numba_compile import deterministic_fastmath
+
 __all__ = [
     "ControlVariate",
     "Covariance",
@@ -567,7 +569,7 @@ class SGModel:
         """A host-side helper function of the model's graphs, compiled in the model's float
         type (rewrites rebuild nodes under ``floatX``: a float32 graph compiled under
         float64 would get float64 nodes); it takes the host's float64 arrays."""
-        with pytensor.config.change_flags(floatX=self.dtype):
+        with pytensor.config.change_flags(floatX=self.dtype), deterministic_fastmath():
             return pytensor.function(
                 inputs, outputs, mode=mode, on_unused_input="ignore", allow_input_downcast=True
             )

@@ -50,6 +50,21 @@ twice, mCCAdL's Lanczos loop its step four times; now once each. Step constructi
 draw on P1 with every cache empty, alternated (2026-11-25 UTC): SGNHT 19.9-26.5 s against
 22.8-28.4 s (faster in each of four pairs), mCCAdL 54.1-61.1 s against 57.3-67.2 s (three of
 four pairs), the other samplers within the machine's drift.
+
+numba caches a compiled function with the code of every function it calls linked in as a
+weak copy, which LLVM optimises again inside the caller. In the process that compiles a
+block, calls that were not inlined go to the callees' own definitions, compiled first; a
+process that loads the block from the cache runs the re-optimised copies. Under
+PyTensor's fast-math flags, whose ``reassoc`` lets LLVM reorder sums differently in each
+context, the two then round differently: SGLD on the D = 100 regression drew another chain
+(last-place differences, amplified by the chain) in a process that compiled the block than
+in every later one that loaded it, and ``cores=2`` (workers loading the block the main
+process compiled) disagreed with ``cores=1`` whenever the cache was cold.
+:func:`deterministic_fastmath` compiles the package's functions with the same flags less
+``reassoc`` (:data:`FASTMATH`; no slower on the benchmark's problems: their sums over the
+minibatch rows run in the fused kernels). Those kernels (:mod:`pymc_sgmcmc.gather_dot`) keep
+numba's full fast math for their dot products, with loop lengths the optimiser cannot prove
+constant (``_opaque``): vectorised alike wherever they are optimised.
 """
 
 from __future__ import annotations
@@ -75,7 +90,13 @@ from pytensor.graph.fg import AbstractFunctionGraph
 from pytensor.link.numba.cache import CACHED_SRC_FUNCTIONS
 from pytensor.scan.op import Scan
 
-__all__ = ["lean_cache_wrappers", "plain_assignment_errors", "stable_state"]
+__all__ = [
+    "FASTMATH",
+    "deterministic_fastmath",
+    "lean_cache_wrappers",
+    "plain_assignment_errors",
+    "stable_state",
+]
 
 #: Ops whose numba function runs a whole inner graph: the largest code, so the costliest to
 #: compile again in a wrapper, and (their inner graph being the model's) rarely reused.
@@ -274,3 +295,41 @@ def lean_cache_wrappers() -> Iterator[None]:
         yield
     finally:
         numba_dispatch.numba_funcify_ensure_cache = ensure_cache
+
+
+#: LLVM fast-math flags of the numba code of the package's PyTensor functions: PyTensor's
+#: default set (``numba_njit``) without ``reassoc`` (module docstring). ``contract`` (fused
+#: multiply-add), ``arcp``, ``afn`` and ``nsz`` act on single operations.
+FASTMATH = frozenset({"arcp", "contract", "afn", "nsz"})
+#: Salts the cache keys of functions compiled with :data:`FASTMATH`: PyTensor keys its numba
+#: cache by ``numba__fastmath`` (a bool), under which these flags would share entries with
+#: the same ops compiled elsewhere with PyTensor's.
+_FASTMATH_SALT = "_sgmcmc-" + "-".join(sorted(FASTMATH))
+
+
+class _SaltedKeys(type(CACHED_SRC_FUNCTIONS)):
+    """PyTensor's registry of cache keys, salting each key registered while it has this type."""
+
+    def __setitem__(self, key, value):
+        super().__setitem__(key, f"{value}{_FASTMATH_SALT}")
+
+
+@contextmanager
+def deterministic_fastmath() -> Iterator[None]:
+    """numba functions that PyTensor creates in this context get :data:`FASTMATH` instead of
+    PyTensor's default fast-math flags, and cache keys of their own."""
+    njit = numba_dispatch._njit
+
+    def njit_without_reassoc(*args, fastmath=None, **kwargs):
+        if isinstance(fastmath, set) and "reassoc" in fastmath:
+            fastmath = set(FASTMATH)
+        return njit(*args, fastmath=fastmath, **kwargs)
+
+    registry_type = type(CACHED_SRC_FUNCTIONS)
+    numba_dispatch._njit = njit_without_reassoc
+    CACHED_SRC_FUNCTIONS.__class__ = _SaltedKeys
+    try:
+        yield
+    finally:
+        numba_dispatch._njit = njit
+        CACHED_SRC_FUNCTIONS.__class__ = registry_type

@@ -356,3 +356,58 @@ def test_compiled_blocks_are_cached_across_processes_and_reused_by_a_changed_mod
     assert again["draws"] == first["draws"]
     # Only the graphs holding the changed constant compile again; the leaf ops are reused.
     assert 0 < changed["compiled"] < first["compiled"] // 2
+
+
+_CHAIN_RUN = """
+import sys
+import numpy as np, pymc as pm
+sys.path.insert(0, sys.argv[2])
+from models import GaussianRegression
+from pymc_sgmcmc import SGLD, SGNHT
+chains = {}
+for name, step, (n_obs, dim, batch) in [
+    ("SGLD", lambda: SGLD(step_size=1e-5, thin=2), (10_000, 100, 500)),
+    ("SGNHT", lambda: SGNHT(step_size=1e-3, friction=5.0), (500, 2, 50)),
+]:
+    with GaussianRegression.make(n_obs=n_obs, dim=dim, batch_size=batch).model():
+        idata = pm.sample(
+            draws=300, tune=50, step=step(), chains=1, random_seed=7,
+            progressbar=False, compute_convergence_checks=False,
+        )
+    chains[name] = idata.posterior["w"].values
+    for stat in idata.sample_stats.data_vars:
+        chains[f"{name}_{stat}"] = idata.sample_stats[stat].values
+np.savez(sys.argv[1], **chains)
+"""
+
+
+def _chain_run(tmp_path, name: str) -> dict:
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    caches = tmp_path / "caches"
+    flags = ",".join(
+        f for f in [os.environ.get("PYTENSOR_FLAGS", ""), f"base_compiledir={caches}"] if f
+    )
+    env = {**os.environ, "PYTENSOR_FLAGS": flags, "NUMBA_CACHE_DIR": str(caches / "numba_dir")}
+    out = tmp_path / f"{name}.npz"
+    tests = str(Path(__file__).parent)
+    subprocess.run([sys.executable, "-c", _CHAIN_RUN, str(out), tests], env=env, check=True)
+    return dict(np.load(out))
+
+
+def test_a_block_loaded_from_the_cache_draws_what_the_compiling_process_drew(tmp_path):
+    # numba caches a block with its callees linked in as copies that LLVM optimises again;
+    # the compiling process runs the callees' own code. Under PyTensor's fast math
+    # ("reassoc") sums were then vectorised differently in the two, and the chains parted
+    # after a few steps (last-place differences amplified): SGLD's on the D = 100 regression
+    # from its first draws, SGNHT's (and its kinetic temperature) after ~100 (the case of
+    # cores=2 against cores=1 with a cold cache). deterministic_fastmath and the kernels'
+    # opaque loop lengths make the code the same wherever it was optimised.
+    compiled = _chain_run(tmp_path, "compiled")  # empty caches: compiles every block
+    loaded = _chain_run(tmp_path, "loaded")  # the same caches: loads them
+    assert compiled.keys() == loaded.keys() and len(compiled) > 4
+    for key, values in compiled.items():
+        np.testing.assert_array_equal(values, loaded[key], err_msg=key)
