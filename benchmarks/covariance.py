@@ -18,6 +18,7 @@ Run: ``.venv/bin/python benchmarks/covariance.py [cost] [accuracy]`` (default bo
 
 from __future__ import annotations
 
+import argparse
 import sys
 import time
 import warnings
@@ -211,7 +212,11 @@ def main():
         "",
     ]
     tables = {"cost": cost_table, "accuracy": accuracy_table}
-    for section in sys.argv[1:] or list(tables):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument(
+        "tables", nargs="*", choices=list(tables), help="which tables to rerun (default: both)"
+    )
+    for section in parser.parse_args().tables or list(tables):
         body = list(lines)
         tables[section](body)
         (HERE / f"covariance_results_{section}.md").write_text("\n".join(body) + "\n")
