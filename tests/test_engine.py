@@ -327,18 +327,24 @@ print(json.dumps({"compiled": compiled, "draws": idata.posterior["mu"].values.ra
 """
 
 
-def _compile_run(compiledir, prior_sd: float) -> dict:
-    import json
+def _env_with_compiledir(compiledir, **extra: str) -> dict[str, str]:
+    """``os.environ`` for a child process whose PyTensor compile directory is ``compiledir``."""
     import os
-    import subprocess
-    import sys
 
     flags = ",".join(
         f for f in [os.environ.get("PYTENSOR_FLAGS", ""), f"base_compiledir={compiledir}"] if f
     )
+    return {**os.environ, "PYTENSOR_FLAGS": flags, **extra}
+
+
+def _compile_run(compiledir, prior_sd: float) -> dict:
+    import json
+    import subprocess
+    import sys
+
     out = subprocess.run(
         [sys.executable, "-c", _COMPILE_RUN, str(prior_sd)],
-        env={**os.environ, "PYTENSOR_FLAGS": flags},
+        env=_env_with_compiledir(compiledir),
         capture_output=True,
         text=True,
         check=True,
@@ -382,16 +388,12 @@ np.savez(sys.argv[1], **chains)
 
 
 def _chain_run(tmp_path, name: str) -> dict:
-    import os
     import subprocess
     import sys
     from pathlib import Path
 
     caches = tmp_path / "caches"
-    flags = ",".join(
-        f for f in [os.environ.get("PYTENSOR_FLAGS", ""), f"base_compiledir={caches}"] if f
-    )
-    env = {**os.environ, "PYTENSOR_FLAGS": flags, "NUMBA_CACHE_DIR": str(caches / "numba_dir")}
+    env = _env_with_compiledir(caches, NUMBA_CACHE_DIR=str(caches / "numba_dir"))
     out = tmp_path / f"{name}.npz"
     tests = str(Path(__file__).parent)
     subprocess.run([sys.executable, "-c", _CHAIN_RUN, str(out), tests], env=env, check=True)
