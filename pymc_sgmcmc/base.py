@@ -12,7 +12,9 @@ step-method contract (``PLATFORM_NOTES.md``):
   runs padded (numba and C stop at the first padded step, JAX runs them all), and a
   ``logp`` flag: the minibatch log-density at the draw is a lazy branch (``ifelse``) computed
   only at the steps the host reads (the stored draws and the runaway check's);
-* ``astep`` hands out the stored draws of a block one by one (every ``thin``-th step);
+* ``astep`` hands out the stored draws of a block one by one (every ``thin``-th step), and
+  ``step`` serves the point dict PyMC hands back without PyMC's per-draw dict / array
+  round trip;
 * a non-finite state, a position beyond ``divergence_threshold`` or a collapse of the
   minibatch log-density far below the chain's typical value flags ``diverging``;
   the chain restarts from its last sane draw (with
@@ -639,6 +641,7 @@ class SGMCMC(ArrayStepShared):
         self.stat_rows = None
         self.cursor = 0
         self.last_draw = None
+        self._served: _Served | None = None
         self.chain_start = None
         self.draws_left = draws
         self.block_cap = None
@@ -677,9 +680,33 @@ class SGMCMC(ArrayStepShared):
             self.anchor_due = self.control_variates
         self.tune = False
 
+    def step(self, point: dict[str, np.ndarray]) -> tuple[dict[str, np.ndarray], list[dict]]:
+        """The next draw as a point dict (PyMC's step-method entry point).
+
+        PyMC's ``ArrayStepShared.step`` ravels the point into one array, calls :meth:`astep`
+        and splits the draw into a new dict, about 5 µs of Python per draw: a quarter of a
+        P2 draw at ``thin=1`` inside ``pm.sample`` (20 against 15 µs). PyMC's sampling loop
+        hands back the very dict this step returned while the chain goes on; then the draw
+        it holds is the one served last and the new dict holds views of the next buffered
+        draw, with the same values and dtypes. Any other point (a chain start, a point built
+        elsewhere) takes PyMC's path.
+        """
+        served = self._served
+        if served is None or point is not served.point or served.raveled.data is not self.last_draw:
+            new_point, stats = super().step(point)
+            info = tuple((name, v.shape, v.size, v.dtype) for name, v in new_point.items())
+            self._served = _Served(new_point, RaveledVars(self.last_draw, info))
+            return new_point, stats
+        raveled, stats = self.astep(served.raveled)
+        new_point = _point_views(raveled)
+        self._served = _Served(new_point, raveled)
+        return new_point, stats
+
     def astep(self, q0: RaveledVars) -> tuple[RaveledVars, list[dict[str, Any]]]:
         theta = q0.data
-        if self.last_draw is None or not _same_point(theta, self.last_draw):
+        if self.last_draw is None or not (
+            theta is self.last_draw or _same_point(theta, self.last_draw)
+        ):
             # Chain start, or another step method moved the point: (re)start from it.
             self.chain_state = None
             self.buffer = None
@@ -972,6 +999,24 @@ class SGMCMC(ArrayStepShared):
                 stacklevel=2,
             )
         return kept
+
+
+class _Served(NamedTuple):
+    """The point dict :meth:`SGMCMC.step` returned last and the same draw raveled."""
+
+    point: dict[str, np.ndarray]
+    raveled: RaveledVars
+
+
+def _point_views(raveled: RaveledVars) -> dict[str, np.ndarray]:
+    """``DictToArrayBijection.rmap`` without its copies: each variable a view of the draw
+    (a copy only where its dtype differs)."""
+    point, start = {}, 0
+    for name, shape, size, dtype in raveled.point_map_info:
+        value = raveled.data[start : start + size].reshape(shape)
+        point[name] = value if value.dtype == dtype else value.astype(dtype)
+        start += size
+    return point
 
 
 def _same_point(theta: np.ndarray, last: np.ndarray) -> bool:

@@ -64,6 +64,57 @@ def test_thinned_draws_are_every_thin_th_step_of_the_unthinned_chain(factory, st
     assert (thinned.sample_stats["thin"].values == thin).all()
 
 
+def several_variables_model() -> pm.Model:
+    """Variables of several shapes, one of them log-transformed, all in one raveled draw."""
+    rng = np.random.default_rng(3)
+    X = rng.standard_normal((400, 3))
+    y = X @ np.array([1.0, -0.5, 0.2]) + 0.3 * rng.standard_normal(400)
+    with pm.Model() as model:
+        Xb, yb = pm.Minibatch(X, y, batch_size=40)
+        w = pm.Normal("w", 0.0, 1.0, shape=3)
+        offset = pm.Normal("offset", 0.0, 1.0, shape=(2, 2))
+        sigma = pm.HalfNormal("sigma", 1.0)
+        pm.Normal("y", Xb @ w + offset.sum(), sigma, observed=yb, total_size=400)
+    return model
+
+
+def test_a_point_handed_back_is_served_without_pymcs_round_trip_and_gives_the_same_chain(
+    monkeypatch,
+):
+    # PyMC's loop hands back the dict a step returned; SGMCMC.step then skips PyMC's
+    # dict -> array -> dict mapping. A copy of that dict (another object with the same values)
+    # takes PyMC's path: both must give the same draws, stats, names, shapes and dtypes.
+    from pymc.blocking import DictToArrayBijection
+
+    maps = []
+    original_map = DictToArrayBijection.map
+    monkeypatch.setattr(
+        DictToArrayBijection, "map", staticmethod(lambda p: maps.append(1) or original_map(p))
+    )
+    with several_variables_model() as model:
+        chains = {}
+        for handed_back in (True, False):
+            step = SGNHT(step_size=1e-3, thin=3, block_steps=60)  # 20 draws per block
+            step.setup_chain(np.random.default_rng(5), tune=0, draws=50)
+            point, draws, stats = model.initial_point(), [], []
+            maps.clear()
+            for _ in range(50):
+                point, [draw_stats] = step.step(point if handed_back else dict(point))
+                draws.append({name: np.array(value) for name, value in point.items()})
+                stats.append(draw_stats)
+            chains[handed_back] = draws, stats, len(maps)
+    (fast, fast_stats, fast_maps), (plain, plain_stats, plain_maps) = chains[True], chains[False]
+    assert (fast_maps, plain_maps) == (1, 50)  # the chain start only
+    assert fast_stats == plain_stats
+    initial = model.initial_point()
+    for a, b in zip(fast, plain, strict=True):
+        assert list(a) == list(b) == list(initial)
+        for name in a:
+            assert a[name].shape == initial[name].shape and a[name].dtype == initial[name].dtype
+            np.testing.assert_array_equal(a[name], b[name])
+    assert len({d["sigma_log__"].item() for d in fast}) == 50  # the chain moves
+
+
 @pytest.mark.parametrize("thin", [7, 23])  # 23: the check reads every 10th step, not draws
 def test_divergence_at_an_unstored_step_is_flagged_at_its_draw(thin):
     # eps = 0.1 grows the chain ~25x per step: the 1e10 threshold is crossed at an unstored
