@@ -1,7 +1,7 @@
 """Engine profile (issue 4): the cost of one integrator step inside a compiled block, the
 ``cores=2`` speed-up of ``pm.sample`` and the time to the first draw.
 
-Three measurements, each printed as a markdown table (``--output`` also writes them):
+Four measurements, each printed as a markdown table (``--output`` also writes them):
 
 * ``steps``: CPU microseconds per integrator step of ``SGMCMC._fill_buffer`` (the compiled
   block plus the NumPy minibatch indices and noise), next to the same block compiled without
@@ -18,9 +18,13 @@ Three measurements, each printed as a markdown table (``--output`` also writes t
   process's CPU time per draw (with ``cores=2`` it unpickles and records every draw of both
   chains, serially);
 * ``first-draw``: wall (and CPU) time from constructing the step and calling ``pm.sample``
-  to the first stored draw, for a first and a second (warm) call in this process.
+  to the first stored draw, for a first and a second (warm) call in this process;
+* ``per-draw`` (only when named): wall time per stored draw of ``pm.sample`` with the
+  package's ``SGMCMC.step`` against PyMC's ``ArrayStepShared.step`` (the per-draw Python
+  that serving a point PyMC hands back saves), at thin = 1 and ``--thin``.
 
-Run: ``.venv/bin/python benchmarks/engine.py [steps] [cores] [first-draw]`` (default all).
+Run: ``.venv/bin/python benchmarks/engine.py [steps] [cores] [first-draw] [per-draw]``
+(default: the first three).
 """
 
 from __future__ import annotations
@@ -31,6 +35,7 @@ import os
 import sys
 import time
 import warnings
+from contextlib import contextmanager
 from pathlib import Path
 
 import single_thread  # noqa: F401  (before NumPy: one thread per runtime)
@@ -43,6 +48,7 @@ HERE = Path(__file__).parent
 sys.path.insert(0, str(HERE))
 
 from problems import Problem, make_problem  # noqa: E402
+from report import machine, versions  # noqa: E402
 
 #: Step sizes that keep each problem's chain near its start (stable, no divergence): the
 #: cost of a step does not depend on them.
@@ -243,6 +249,53 @@ def cores_table(key: str, thin: int, draws: int, default_draws: int) -> list[str
     return lines
 
 
+@contextmanager
+def pymc_round_trip():
+    """``SGMCMC.step`` replaced by PyMC's ``ArrayStepShared.step``, which ravels every point
+    it is handed and splits every draw into a new dict (the baseline of ``per-draw``)."""
+    from pymc.step_methods.arraystep import ArrayStepShared
+
+    from pymc_sgmcmc.base import SGMCMC
+
+    served = SGMCMC.__dict__["step"]
+    SGMCMC.step = ArrayStepShared.step
+    try:
+        yield
+    finally:
+        SGMCMC.step = served
+
+
+def per_draw_table(problems: list[str], thin: int, draws: int, rounds: int = 3) -> list[str]:
+    """Wall µs per stored draw of ``pm.sample`` (one chain, SGLD with a fixed step size) with
+    the package's ``SGMCMC.step``, which serves a point PyMC hands back without PyMC's
+    dict / array round trip, and with PyMC's ``ArrayStepShared.step``: alternated
+    ``rounds`` times, medians. Everything else per draw (PyMC's loop, its trace's recording
+    function, the stats) is the same on both sides."""
+    lines = [
+        f"Wall µs per stored draw of `pm.sample` (1 chain, {draws} draws, SGLD at eps = "
+        f"{STEP_SIZES['SGLD']:g}; steady state over the last three quarters), with "
+        "`SGMCMC.step` (a point handed back is served without PyMC's dict / array round "
+        f"trip) and with PyMC's `ArrayStepShared.step`; medians of {rounds} alternated rounds "
+        "(range)",
+        "",
+        "| problem | thin | PyMC's `ArrayStepShared.step` | `SGMCMC.step` | draws/s ratio |",
+        "| --- | --- | --- | --- | --- |",
+    ]
+    for key in problems:
+        problem = make_problem(key)
+        for t in (1, thin):
+            ours, pymcs = [], []
+            for _ in range(rounds):
+                with pymc_round_trip():
+                    pymcs.append(1e6 / draws_per_second(problem, 1, 1, t, draws)[0])
+                ours.append(1e6 / draws_per_second(problem, 1, 1, t, draws)[0])
+            cells = [f"{np.median(x):,.1f} ({min(x):,.1f}-{max(x):,.1f})" for x in (pymcs, ours)]
+            ratio = np.median(pymcs) / np.median(ours)
+            lines.append(f"| {key} | {t} | {cells[0]} | {cells[1]} | {ratio:.2f} |")
+            print(lines[-1], flush=True)
+    return lines
+
+
 def first_draw_table(problems: list[str]) -> list[str]:
     """Step construction + ``pm.sample`` to the first stored draw, wall and CPU seconds, for a
     first call and a second (warm) one in this process."""
@@ -307,13 +360,18 @@ def main(argv: list[str]) -> None:
         sections.append(cores_table(args.problems[0], args.thin, args.draws, args.default_draws))
     if "first-draw" in args.what:
         sections.append(first_draw_table(args.problems))
+    if "per-draw" in args.what:
+        sections.append(per_draw_table(args.problems, args.thin, args.draws))
     loads.append(os.getloadavg())
+    cpu = machine()
     header = [
         f"# Engine profile (`benchmarks/engine.py {' '.join(argv)}`)",
         "",
         f"- date: {time.strftime('%Y-%m-%d %H:%M %Z')}; {os.cpu_count()} cores; load average "
         f"(1, 5, 15 min) before {', '.join(f'{x:.2f}' for x in loads[0])}, after "
         f"{', '.join(f'{x:.2f}' for x in loads[1])}",
+        f"- machine: {cpu['cpu']}, {cpu['platform']}",
+        "- versions: " + ", ".join(f"{name} {v}" for name, v in versions().items()),
         "",
     ]
     text = "\n".join(header + [line for s in sections for line in [*s, ""]])
