@@ -684,8 +684,9 @@ class SGMCMC(ArrayStepShared):
         """The next draw as a point dict (PyMC's step-method entry point).
 
         PyMC's ``ArrayStepShared.step`` ravels the point into one array, calls :meth:`astep`
-        and splits the draw into a new dict, about 5 µs of Python per draw: a quarter of a
-        P2 draw at ``thin=1`` inside ``pm.sample`` (20 against 15 µs). PyMC's sampling loop
+        and splits the draw into a new dict, 2-3 µs of Python per draw: a sixth of a P2 draw
+        at ``thin=1`` inside ``pm.sample`` (13.1 against 10.9 µs;
+        ``benchmarks/engine.py per-draw``). PyMC's sampling loop
         hands back the very dict this step returned while the chain goes on; then the draw
         it holds is the one served last and the new dict holds views of the next buffered
         draw, with the same values and dtypes. Any other point (a chain start, a point built
