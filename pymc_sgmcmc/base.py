@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import functools
 import warnings
+from collections.abc import Callable
 from typing import Any, ClassVar, NamedTuple
 
 import numpy as np
@@ -303,19 +304,43 @@ class SGMCMC(ArrayStepShared):
     #: Weight of the newest minibatch estimate in a moving average of Sigma (see
     #: :meth:`averaged_noise`); None: each step uses its own minibatch's estimate.
     averaging: float | None = None
+    #: Integrator steps between updates of that average (see
+    #: :meth:`periodically_averaged_noise`); 1: every step.
+    averaging_interval: int = 1
 
-    def _set_averaging(self, value: float | None) -> None:
+    def _set_averaging(self, value: float | None, interval: int = 1) -> None:
         if value is not None and not 0.0 < value <= 1.0:
             raise ValueError(f"averaging must be None or lie in (0, 1], got {value}")
+        if int(interval) != interval or interval < 1:
+            raise ValueError(f"averaging_interval must be a positive integer, got {interval}")
+        if interval > 1 and value is None:
+            raise ValueError(
+                "averaging_interval needs averaging: without a moving average each step uses "
+                "its own minibatch's estimate"
+            )
         self.averaging = value
+        self.averaging_interval = int(interval)
+
+    @property
+    def averages_periodically(self) -> bool:
+        """Whether the moving average of Sigma is updated only every ``averaging_interval``
+        steps (:meth:`periodically_averaged_noise`)."""
+        return self.averaging is not None and self.averaging_interval > 1
 
     def noise_average_state(self, form: str) -> dict[str, np.ndarray]:
         """The moving average's carried state at a chain (re)start (empty without one): a
-        count and the D x D ("full") or length-D ("diag") average, restarted with the chain."""
+        count and the D x D ("full") or length-D ("diag") average, restarted with the chain;
+        with a periodic update also the steps since the last one, the damping operator it
+        made and the step size it was made for (:meth:`periodically_averaged_noise`)."""
         if self.averaging is None:
             return {}
         shape = (self.dim, self.dim) if form == "full" else (self.dim,)
-        return {"noise_count": np.array(0.0), "noise_average": np.zeros(shape)}
+        state = {"noise_count": np.array(0.0), "noise_average": np.zeros(shape)}
+        if self.averages_periodically:
+            state["noise_age"] = np.array(0.0)
+            state["noise_operator"] = np.zeros(shape)
+            state["noise_operator_step"] = np.array(0.0)
+        return state
 
     def averaged_noise(self, state: dict, sigma, form: str) -> tuple[Any, dict]:
         """The covariance a step uses with ``averaging`` set: the moving average
@@ -336,6 +361,51 @@ class SGMCMC(ArrayStepShared):
             else DiagonalCovariance(average, self.dim)
         )
         return covariance, {"noise_count": count, "noise_average": average}
+
+    def periodically_averaged_noise(
+        self,
+        state: dict,
+        estimate: Callable[[], Any],
+        form: str,
+        h: TensorVariable,
+        operator: Callable[[Any, TensorVariable], TensorVariable],
+    ) -> tuple[Any, TensorVariable, dict]:
+        """The covariance a step uses with ``averaging_interval`` > 1, the damping operator
+        made from it, and the state to carry.
+
+        The moving average of :meth:`averaged_noise` takes a new minibatch estimate
+        (``estimate()``, from the per-observation gradients) at the first step of a chain
+        (re)start and then every ``averaging_interval`` steps, in a lazy branch that also
+        makes the integrator's damping operator from it, ``operator(average, h)``: a D x D
+        matrix for ``form="full"`` (O(D^3): an exponential or an inverse, 0.05-0.2 ms at
+        D = 100, after the O(n D^2) estimate), a vector of diagonal factors for "diag". The
+        steps in between compute neither per-observation gradients nor any O(n D) product,
+        only the summed force, and apply the operator in one O(D^2) product. A step size
+        other than the operator's (a restart with a new one, a schedule) also updates it.
+        The average spans about ``2 * averaging_interval / averaging`` steps: the position
+        must move little over that window (Sigma(theta) changes over the posterior's width,
+        which a chain crosses in about one relaxation time, the default ``thin``)."""
+        count, age = state["noise_count"], state["noise_age"]
+        h = pt.as_tensor(h).astype(state["noise_operator_step"].dtype)
+        due = (
+            pt.eq(count, 0.0)
+            | pt.ge(age, self.averaging_interval)
+            | pt.neq(h, state["noise_operator_step"])
+        )
+        sigma = estimate()
+        new_count = count + 1.0
+        value = sigma.dense() if form == "full" else sigma.diagonal()
+        average = moving_average(state["noise_average"], new_count, value, self.averaging)
+        averaged = (DenseCovariance if form == "full" else DiagonalCovariance)(average, self.dim)
+        names = ["noise_count", "noise_average", "noise_operator", "noise_operator_step"]
+        updated = [new_count, average, operator(averaged, h), h]
+        kept = [state[name] for name in names]
+        new = dict(zip(names, ifelse(due, updated, kept), strict=True))
+        new["noise_age"] = pt.switch(due, 1.0, age + 1.0)
+        covariance = (DenseCovariance if form == "full" else DiagonalCovariance)(
+            new["noise_average"], self.dim
+        )
+        return covariance, new["noise_operator"], new
 
     def noise_estimate(self, sigma):
         """The covariance the integrator uses: the minibatch estimate ``sigma``, shrunk
@@ -401,8 +471,10 @@ class SGMCMC(ArrayStepShared):
         "first same as last" schemes). A chain (re)start computes them at its position."""
         return self.evaluate(theta, indices, noise, h)
 
-    def integrate(self, state, indices, noise, h) -> Step:
-        """One integrator step from ``state`` (a dict of graphs)."""
+    def integrate(self, state, indices, noise, h, noise_indices=None) -> Step:
+        """One integrator step from ``state`` (a dict of graphs). ``noise_indices``: the
+        step's minibatch indices again, through inputs of their own, given only to a sampler
+        with a periodic average of Sigma, for its update (:meth:`periodically_averaged_noise`)."""
         raise NotImplementedError
 
     def carried(self, state: dict, stats: dict | None = None) -> Step:
@@ -509,18 +581,31 @@ class SGMCMC(ArrayStepShared):
         logp_index_seqs = [
             pt.matrix(f"logp_{s.name}", dtype="int64", shape=s.type.shape) for s in index_seqs
         ]
-        n_idx = len(index_seqs)
+        # And a third copy for the lazy branch that updates a periodic average of Sigma
+        # (:meth:`periodically_averaged_noise`), for the same reason: through the force's
+        # indices, its per-observation gradients cost 2 µs of every NOGIN step at D = 100.
+        noise_index_seqs = [
+            pt.matrix(f"noise_{s.name}", dtype="int64", shape=s.type.shape) for s in index_seqs
+        ][: len(index_seqs) if self.averages_periodically else 0]
+        index_seqs_all = [*index_seqs, *logp_index_seqs, *noise_index_seqs]
+        n_idx, n_all = len(index_seqs), len(index_seqs_all)
         stat_names: list[str] = []
 
         def one_step(*args):
             idx_t, logp_idx_t = list(args[:n_idx]), list(args[n_idx : 2 * n_idx])
-            noise_t, h_t, active_t, logp_t = args[2 * n_idx : 2 * n_idx + 4]
-            state = dict(zip(names, args[2 * n_idx + 4 :], strict=True))
-            step = self.integrate(state, idx_t, noise_t, h_t)
+            noise_idx = {"noise_indices": list(args[2 * n_idx : n_all])} if noise_index_seqs else {}
+            noise_t, h_t, active_t, logp_t = args[n_all : n_all + 4]
+            state = dict(zip(names, args[n_all + 4 :], strict=True))
+            step = self.integrate(state, idx_t, noise_t, h_t, **noise_idx)
             stat_names[:] = list(step.stats)
             new = [step.state[n] for n in names]
             draw = self.target.position(step.draw)
-            sane = pt.all([pt.all(pt.isfinite(v)) for v in [*new, draw]]) & (
+            # A matrix state (a moving average of Sigma, a damping matrix made from it) enters
+            # the momentum of the step that makes it or of the next, whose check catches a
+            # non-finite one before a draw depends on it: checking the 2 x 10^4 entries of
+            # two such states cost NOGIN 4.5 µs per step at D = 100 (a periodic average).
+            checked = [v for v in new if v.ndim <= 1]
+            sane = pt.all([pt.all(pt.isfinite(v)) for v in [*checked, draw]]) & (
                 pt.max(pt.abs(draw)) < self.divergence_threshold
             )
             # The minibatch log-density only at the steps the host reads it at
@@ -541,7 +626,7 @@ class SGMCMC(ArrayStepShared):
         n_stats = len(self._integrator_stat_names())
         outputs = pytensor.scan(
             one_step,
-            sequences=[*index_seqs, *logp_index_seqs, noise_seq, h_seq, active_seq, logp_seq],
+            sequences=[*index_seqs_all, noise_seq, h_seq, active_seq, logp_seq],
             outputs_info=[*states0] + [None] * (3 + n_stats),
             name=BLOCK_SCAN_NAME,
             return_updates=False,
@@ -550,8 +635,7 @@ class SGMCMC(ArrayStepShared):
         block_fn = self._function(
             [
                 *states0,
-                *index_seqs,
-                *logp_index_seqs,
+                *index_seqs_all,
                 noise_seq,
                 h_seq,
                 active_seq,
@@ -907,8 +991,9 @@ class SGMCMC(ArrayStepShared):
         checked, stored_steps = self._logp_steps(n_steps)
         wanted = np.zeros(n_steps, dtype=bool)
         wanted[checked] = wanted[stored_steps] = True
+        copies = 3 if self.averages_periodically else 2  # see _block_function
         sequences = _padded(
-            [*indices, *indices, noise, h], [np.ones(n_steps, dtype=bool), wanted], length
+            [*indices * copies, noise, h], [np.ones(n_steps, dtype=bool), wanted], length
         )
         with plain_assignment_errors():  # numba compiles the block at its first call
             out = block_fn(*(self.chain_state[n] for n in names), *sequences, *self._kernel)

@@ -1008,6 +1008,18 @@ class DenseCovariance(Covariance):
     def scaled(self, scale: Variable) -> DenseCovariance:
         return DenseCovariance(scale[:, None] * self.matrix * scale[None, :], self.dim)
 
+    def expm(self, scale) -> Variable:
+        """exp(scale Sigma) as a D x D matrix (Pade approximation with scaling and squaring,
+        O(D^3))."""
+        return pt.linalg.expm(scale * self.matrix)
+
+    def inverse_shifted(self, alpha, b) -> Variable:
+        """(alpha I + b Sigma)^{-1} as a D x D matrix, alpha > 0, b >= 0 (O(D^3))."""
+        # (alpha I + b Sigma)^{-1} = (I + (b / alpha) Sigma)^{-1} / alpha: an alpha * I, which
+        # depends on nothing inside a lazy branch, would be computed outside it at every step.
+        eye = pt.eye(self.dim, dtype=self.matrix.dtype)
+        return pt.linalg.inv((b / alpha) * self.matrix + eye) / alpha
+
 
 class DiagonalCovariance(Covariance):
     """Sigma approximated by its diagonal (O(D) storage and products)."""
@@ -1030,6 +1042,14 @@ class DiagonalCovariance(Covariance):
 
     def solve_shifted(self, alpha, b, v):
         return v / (alpha + b * self.diag)
+
+    def expm(self, scale) -> Variable:
+        """The diagonal of exp(scale Sigma)."""
+        return pt.exp(scale * self.diag)
+
+    def inverse_shifted(self, alpha, b) -> Variable:
+        """The diagonal of (alpha I + b Sigma)^{-1}."""
+        return 1.0 / (alpha + b * self.diag)
 
     def expm_matvec(self, scale, v, tolerance="half", max_products=64, fixed_count=False):
         # Exact, elementwise: no products with Sigma (0 in the count).

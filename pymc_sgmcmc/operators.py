@@ -18,7 +18,14 @@ from pytensor.tensor.variable import TensorVariable
 
 from pymc_sgmcmc.model_layer import inner
 
-__all__ = ["drift", "kick", "kinetic_temperature", "ornstein_uhlenbeck", "thermostat"]
+__all__ = [
+    "damping",
+    "drift",
+    "kick",
+    "kinetic_temperature",
+    "ornstein_uhlenbeck",
+    "thermostat",
+]
 
 
 def drift(theta: TensorVariable, p: TensorVariable, tau) -> TensorVariable:
@@ -46,6 +53,15 @@ def ornstein_uhlenbeck(
     safe_xi = pt.switch(small, 1.0, xi)
     variance_factor = pt.switch(small, 2.0 * tau, -pt.expm1(-2.0 * xi_tau) / safe_xi)
     return pt.exp(-xi_tau) * p + pt.sqrt(noise_amplitude * variance_factor) * noise
+
+
+def damping(p: TensorVariable, operator: TensorVariable) -> TensorVariable:
+    """p <- E p for a precomputed linear damping E of the momentum (a D x D matrix, or a
+    vector for a diagonal E): the covariance damping of mCCAdL's C step, exp(-h^2 Sigma / 2),
+    or of NOGIN's O step, made once for a periodically updated Sigma
+    (:meth:`pymc_sgmcmc.base.SGMCMC.periodically_averaged_noise`)."""
+    # p^T E rather than E p: E is symmetric, and numba compiles no extra BLAS wrapper for it.
+    return pt.dot(p, operator) if operator.ndim == 2 else operator * p
 
 
 def thermostat(xi, p: TensorVariable, tau, mass) -> TensorVariable:

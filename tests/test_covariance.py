@@ -6,7 +6,7 @@ import pytensor.tensor as pt
 import pytest
 import scipy.linalg
 
-from pymc_sgmcmc.model_layer import NoiseCovariance
+from pymc_sgmcmc.model_layer import DenseCovariance, DiagonalCovariance, NoiseCovariance
 
 
 def sample_covariance(g):
@@ -275,3 +275,20 @@ def test_shrunk_covariance_operations_match_dense(n_rows, dim):
         expected_root = scipy.linalg.sqrtm(a * np.eye(dim) - b * dense).real @ vec
         np.testing.assert_allclose(rt, expected_root, rtol=1e-9)
         np.testing.assert_allclose(me, eigvals.min(), rtol=1e-9)
+
+
+def test_dense_functions_of_sigma_match_scipy():
+    # The damping operators a periodic average makes: exp(t Sigma) for mCCAdL's C step and
+    # (alpha I + b Sigma)^{-1} for NOGIN's O step, as D x D matrices and as diagonals.
+    rng = np.random.default_rng(0)
+    rows = rng.standard_normal((30, 6)) * np.arange(1.0, 7.0)
+    sigma = rows.T @ rows / 30
+    dense = DenseCovariance(pt.constant(sigma), 6)
+    np.testing.assert_allclose(dense.expm(-0.3).eval(), scipy.linalg.expm(-0.3 * sigma), rtol=1e-10)
+    inverse = np.linalg.inv(1.5 * np.eye(6) + 0.2 * sigma)
+    np.testing.assert_allclose(dense.inverse_shifted(1.5, 0.2).eval(), inverse, rtol=1e-10)
+    diagonal = DiagonalCovariance(pt.constant(np.diag(sigma)), 6)
+    np.testing.assert_allclose(diagonal.expm(-0.3).eval(), np.exp(-0.3 * np.diag(sigma)))
+    np.testing.assert_allclose(
+        diagonal.inverse_shifted(1.5, 0.2).eval(), 1.0 / (1.5 + 0.2 * np.diag(sigma))
+    )

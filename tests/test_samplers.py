@@ -411,6 +411,18 @@ def test_sgld_and_sgnht_sample_one_row_minibatches():
         (lambda: NOGIN(step_size=1e-3, cg_tolerance=0.0), r"cg_tolerance must lie in \(0, 1\)"),
         (lambda: MCCAdL(step_size=1e-3, averaging=1.5), r"averaging must be None or lie in"),
         (lambda: CCAdL(step_size=1e-3, averaging=-0.1), r"averaging must be None or lie in"),
+        (
+            lambda: NOGIN(step_size=1e-3, averaging=0.1, averaging_interval=0),
+            "averaging_interval must be a positive integer",
+        ),
+        (
+            lambda: MCCAdL(step_size=1e-3, averaging=0.1, averaging_interval=2.5),
+            "averaging_interval must be a positive integer",
+        ),
+        (
+            lambda: MCCAdL(step_size=1e-3, averaging_interval=100),
+            "averaging_interval needs averaging",
+        ),
         (lambda: NOGIN(step_size=1e-3, noise_shrinkage=2.0), "noise_shrinkage must be None"),
         (
             lambda: MCCAdL(step_size=1e-3, noise_shrinkage_target="spherical"),
