@@ -8,7 +8,9 @@ logistic regression (seeded 100-dimensional random projection, n = 500).
 Methods, all measured in the same process and run:
 
 * the seven samplers of ``pymc_sgmcmc`` inside ``pm.sample`` (one chain, ``thin`` = 10), and
-  SGLD with ``thin`` = 1 (every step through PyMC's trace) for its steps/s only;
+  SGLD with ``thin`` = 1 (every step through PyMC's trace) for its steps/s only; when named in
+  ``--samplers``, also mCCAdL and NOGIN with a moving average of Sigma updated every 300
+  steps (``mCCAdL-periodic``, ``NOGIN-periodic``);
 * a hand-written NumPy SGLD (analytic gradients);
 * BlackJAX SGLD and SGNHT in a ``jax.lax.scan`` over 1,000-step chunks with a hand-written
   log-density, minibatches drawn with replacement inside the scan, float64 (skipped with a
@@ -65,6 +67,10 @@ from problems import PROBLEMS, Problem, Reference, make_problem, reference  # no
 from report import load_average, machine, versions  # noqa: E402
 
 SAMPLERS = ("SGLD", "mSGLD", "SGHMC", "SGNHT", "CCAdL", "mCCAdL", "NOGIN")
+#: Options beyond the papers, run only when named in ``--samplers``: the moving average of
+#: Sigma over about 20 minibatches, updated every 300 steps (``averaging_interval``).
+PERIODIC = {"averaging": 0.1, "averaging_interval": 300}
+VARIANTS = {"mCCAdL-periodic": ("mCCAdL", PERIODIC), "NOGIN-periodic": ("NOGIN", PERIODIC)}
 MEAN_TOL, VAR_TOL = 0.1, 0.1
 CHECKPOINTS = 40
 #: The clock of every timing: wall time, or with ``--clock cpu`` this process's CPU time
@@ -220,18 +226,25 @@ def make_step(name: str, s: Settings, thin: int):
     """One of the project's samplers; SGLD/mSGLD take eps, the others h and A."""
     import pymc_sgmcmc as sg
 
+    name, options = VARIANTS.get(name, (name, {}))
     if name == "SGLD":
         return sg.SGLD(step_size=s.eps, thin=thin)
     if name == "mSGLD":
         return sg.MSGLD(step_size=s.eps, thin=thin)
     cls = {"SGHMC": sg.SGHMC, "SGNHT": sg.SGNHT, "CCAdL": sg.CCAdL}
     cls |= {"mCCAdL": sg.MCCAdL, "NOGIN": sg.NOGIN}
-    return cls[name](step_size=s.h, friction=s.friction, thin=thin)
+    return cls[name](step_size=s.h, friction=s.friction, thin=thin, **options)
 
 
 def describe(name: str, s: Settings) -> str:
     if name in ("SGLD", "mSGLD", "NumPy SGLD", "BlackJAX SGLD"):
         return f"eps={s.eps:.2g}"
+    if name in VARIANTS:
+        options = VARIANTS[name][1]
+        return (
+            f"h={s.h:.2g}, A={s.friction:g}, averaging={options['averaging']:g} "
+            f"every {options['averaging_interval']} steps"
+        )
     return f"h={s.h:.2g}, A={s.friction:g}"
 
 
@@ -749,7 +762,7 @@ def parse_args(argv: list[str]) -> tuple[Config, Path | None]:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--quick", action="store_true", help="fast smoke run (short budgets)")
     p.add_argument("--problems", nargs="+", default=None, choices=PROBLEMS)
-    p.add_argument("--samplers", nargs="+", default=None, choices=SAMPLERS)
+    p.add_argument("--samplers", nargs="+", default=None, choices=[*SAMPLERS, *VARIANTS])
     p.add_argument("--budget", type=float, default=None, help="seconds per sampling run")
     p.add_argument("--max-steps", type=int, default=None)
     p.add_argument("--thin", type=int, default=10)
