@@ -79,7 +79,7 @@ class MCCAdL(Thermostatted):
         ``2 * averaging_interval / averaging`` steps, over which the position must move
         little compared with the scale on which :math:`\Sigma(\theta)` changes. At D = 100,
         n = 500, h = 1e-3, every 300 steps (a third of the default ``thin`` there) it costs
-        1.46 SGLD steps per step against 3.6 for the paper's estimate
+        1.46 SGLD steps per step against 3.7 for the paper's estimate
         (``benchmarks/covariance_results_cost.md``), and gives the same variance ratio as the
         every-step average at h = 5e-3 (1.52 against 1.51).
     noise_shrinkage : {None, "auto"} or float, default None

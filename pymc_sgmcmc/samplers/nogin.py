@@ -94,7 +94,7 @@ class NOGIN(SGMCMC):
         average spans about ``2 * averaging_interval / averaging`` steps, over which the
         position must move little compared with the scale on which :math:`\Sigma(\theta)`
         changes. At D = 100, n = 500, h = 1e-3, every 300 steps (a third of the default
-        ``thin`` there) it costs 1.39 SGLD steps per step against 4.4 for the paper's
+        ``thin`` there) it costs 1.39 SGLD steps per step against 4.6 for the paper's
         estimate by CG (``benchmarks/covariance_results_cost.md``), and at h = 5e-3 gives a
         variance ratio of 1.03 against 1.01 for the every-step average and 1.49 for the
         paper's estimate.
