@@ -355,12 +355,14 @@ class SGMCMC(ArrayStepShared):
         count = state["noise_count"] + 1.0
         estimate = sigma.dense() if form == "full" else sigma.diagonal()
         average = moving_average(state["noise_average"], count, estimate, self.averaging)
-        covariance = (
-            DenseCovariance(average, self.dim)
-            if form == "full"
-            else DiagonalCovariance(average, self.dim)
-        )
-        return covariance, {"noise_count": count, "noise_average": average}
+        return self._average_covariance(average, form), {
+            "noise_count": count,
+            "noise_average": average,
+        }
+
+    def _average_covariance(self, average, form: str):
+        """The covariance held by a moving average of the ``form`` "full" or "diag"."""
+        return (DenseCovariance if form == "full" else DiagonalCovariance)(average, self.dim)
 
     def periodically_averaged_noise(
         self,
@@ -392,19 +394,13 @@ class SGMCMC(ArrayStepShared):
             | pt.ge(age, self.averaging_interval)
             | pt.neq(h, state["noise_operator_step"])
         )
-        sigma = estimate()
-        new_count = count + 1.0
-        value = sigma.dense() if form == "full" else sigma.diagonal()
-        average = moving_average(state["noise_average"], new_count, value, self.averaging)
-        averaged = (DenseCovariance if form == "full" else DiagonalCovariance)(average, self.dim)
+        averaged, average = self.averaged_noise(state, estimate(), form)
         names = ["noise_count", "noise_average", "noise_operator", "noise_operator_step"]
-        updated = [new_count, average, operator(averaged, h), h]
+        updated = [average["noise_count"], average["noise_average"], operator(averaged, h), h]
         kept = [state[name] for name in names]
         new = dict(zip(names, ifelse(due, updated, kept), strict=True))
         new["noise_age"] = pt.switch(due, 1.0, age + 1.0)
-        covariance = (DenseCovariance if form == "full" else DiagonalCovariance)(
-            new["noise_average"], self.dim
-        )
+        covariance = self._average_covariance(new["noise_average"], form)
         return covariance, new["noise_operator"], new
 
     def noise_estimate(self, sigma):
@@ -584,9 +580,11 @@ class SGMCMC(ArrayStepShared):
         # And a third copy for the lazy branch that updates a periodic average of Sigma
         # (:meth:`periodically_averaged_noise`), for the same reason: through the force's
         # indices, its per-observation gradients cost 2 µs of every NOGIN step at D = 100.
-        noise_index_seqs = [
-            pt.matrix(f"noise_{s.name}", dtype="int64", shape=s.type.shape) for s in index_seqs
-        ][: len(index_seqs) if self.averages_periodically else 0]
+        noise_index_seqs = (
+            [pt.matrix(f"noise_{s.name}", dtype="int64", shape=s.type.shape) for s in index_seqs]
+            if self.averages_periodically
+            else []
+        )
         index_seqs_all = [*index_seqs, *logp_index_seqs, *noise_index_seqs]
         n_idx, n_all = len(index_seqs), len(index_seqs_all)
         stat_names: list[str] = []

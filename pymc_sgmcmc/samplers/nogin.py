@@ -223,15 +223,17 @@ class NOGIN(SGMCMC):
         return "direct" if min(self.dim, rows) <= DIRECT_SOLVE_MAX_SIZE else "cg"
 
     def _damping_operator(self, sigma, h):
-        """((1 + l2) I + b S)^{-1}, from which :meth:`_damp` makes the O step's matrix, for a
-        periodically updated average S."""
+        """((1 + l2) I + b S)^{-1} for :meth:`_damp`, made once per update of a periodic
+        average S."""
         lam2 = pt.tanh(self.friction * h / 2.0)
         return sigma.inverse_shifted(1.0 + lam2, h**2 / 4.0)
 
-    def _damp(self, sigma, p, lam2, h):
+    def _damp(self, sigma, p, lam2, h, inverse=None):
         # ((1 - l2) I - b S)((1 + l2) I + b S)^{-1} p = 2 ((1 + l2) I + b S)^{-1} p - p.
         b = h**2 / 4.0
-        if self._solver() == "cg":
+        if inverse is not None:  # made by the last update of a periodic average
+            solved = damping(p, inverse)
+        elif self._solver() == "cg":
             # JAX has no loop of data-dependent length: a fixed count, frozen once converged.
             fixed = {"iterations": JAX_CG_ITERATIONS, "fixed_count": True}
             solved = sigma.solve_shifted_cg(
@@ -249,10 +251,10 @@ class NOGIN(SGMCMC):
         lam2 = pt.tanh(self.friction * h / 2.0)
         lam, r = pt.sqrt(lam2), noise[0]
         theta = drift(state["theta"], state["momentum"], h / 2.0)  # A(h/2)
-        operator = None  # the O step's matrix, made at each update of a periodic average
+        inverse = None  # ((1 + l2) I + b S)^{-1}, made at each update of a periodic average
         if self.averages_periodically:
             force = self.target.force(theta, indices)
-            sigma, operator, average = self.periodically_averaged_noise(
+            sigma, inverse, average = self.periodically_averaged_noise(
                 state,
                 lambda: self._force_and_covariance(theta, noise_indices)[1],
                 "full",
@@ -263,10 +265,7 @@ class NOGIN(SGMCMC):
             force, sigma = self._force_and_covariance(theta, indices)
             sigma, average = self.averaged_noise(state, sigma, "full")
         p = kick(state["momentum"], force, h / 2.0) + lam * r  # B(h/2) + half the noise
-        if operator is None:
-            p = self._damp(sigma, p, lam2, h)  # O, damped by Sigma
-        else:  # the same with the inverse made at the last update (see _damp)
-            p = 2.0 * damping(p, operator) - p
+        p = self._damp(sigma, p, lam2, h, inverse)  # O, damped by Sigma
         p = kick(p, force, h / 2.0) + lam * r  # B(h/2) + the same noise
         theta = drift(theta, p, h / 2.0)  # A(h/2)
         stats = {
