@@ -43,6 +43,7 @@ from pytensor.graph.traversal import ancestors, toposort
 from pytensor.scalar import upcast
 from pytensor.scan.utils import until
 
+from pymc_sgmcmc.gram_product import CentredGramProduct
 from pymc_sgmcmc.numba_compile import deterministic_fastmath
 
 __all__ = [
@@ -1071,7 +1072,8 @@ class NoiseCovariance(Covariance):
     Products never form the D x D matrix, nor the centred or column-scaled n x D matrices:
     each pass over the n x D rows costs about as much as the gradient itself, so
     ``Gc w = G w - (g_mean . w) 1`` and ``Gc^T Gc w = G^T (Gc w)`` (the centred vector sums to
-    zero) take exactly two passes, and the diagonal one, ``sum_i G_i^2 - n g_mean^2``. The row
+    zero) take one pass (:class:`~pymc_sgmcmc.gram_product.CentredGramProduct`; two where the
+    backend has no fused kernel), and the diagonal one, ``sum_i G_i^2 - n g_mean^2``. The row
     mean is the force's row sum, computed once. The uncentred sums lose about
     ``log10(g_mean^2 / var)`` of float64's 16 digits: harmless unless the gradients' mean
     exceeds their spread by many orders of magnitude. The dense and eigen-decomposition paths,
@@ -1106,14 +1108,12 @@ class NoiseCovariance(Covariance):
         return self._scaled(self.gradients - self.mean)
 
     def matvec(self, v: Variable) -> Variable:
-        """Sigma v in two passes over the rows, O(nD)."""
+        """Sigma v, O(nD)."""
         if self.is_zero:
             return pt.zeros_like(v)
-        w = self._scaled(v)
-        u = pt.dot(self.gradients, w) - inner(self.mean, w)
-        # u^T G rather than G^T u: numba types G^T as an "A"-layout array inside a loop, and
-        # compiles a BLAS wrapper for that layout alone (see :func:`inner`).
-        return self.scale * self._scaled(pt.dot(u, self.gradients))
+        # G^T (G w - m . w) in one pass over the rows (:mod:`pymc_sgmcmc.gram_product`).
+        product = CentredGramProduct()(self.gradients, self.mean, self._scaled(v))
+        return self.scale * self._scaled(product)
 
     def dense(self) -> Variable:
         """Sigma as a D x D matrix (O(n D^2); for small D and for tests)."""

@@ -79,7 +79,7 @@ class MCCAdL(Thermostatted):
         ``2 * averaging_interval / averaging`` steps, over which the position must move
         little compared with the scale on which :math:`\Sigma(\theta)` changes. At D = 100,
         n = 500, h = 1e-3, every 300 steps (a third of the default ``thin`` there) it costs
-        1.46 SGLD steps per step against 3.7 for the paper's estimate
+        1.48 SGLD steps per step against 3.4 for the paper's estimate
         (``benchmarks/covariance_results_cost.md``), and gives the same variance ratio as the
         every-step average at h = 5e-3 (1.52 against 1.51).
     noise_shrinkage : {None, "auto"} or float, default None
@@ -125,9 +125,11 @@ class MCCAdL(Thermostatted):
     ``tune`` draws adapt the kernel (step size if not given, diagonal preconditioner, thin;
     see :class:`pymc_sgmcmc.base.SGMCMC`); after tuning the kernel is fixed.
     Momentum :math:`N(0, I)` and :math:`\xi = A` at every chain (re)start and at the end of
-    tuning. The C step costs ``expm_products`` covariance-vector products, each about half an
-    SGLD step at D = 100, n = 500, and the per-observation gradients cost more than the summed
-    gradient (CCAdL, which adds little else to SGNHT, takes 1.6x SGLD's time per step there).
+    tuning. The C step costs ``expm_products`` covariance-vector products, each about a third
+    of an SGLD step at D = 100, n = 500 (one pass over the per-observation gradients,
+    :class:`~pymc_sgmcmc.gram_product.CentredGramProduct`), and the per-observation gradients
+    cost more than the summed gradient (CCAdL, which adds little else to SGNHT, takes 1.5x
+    SGLD's time per step there).
 
     Sampler stats
     -------------

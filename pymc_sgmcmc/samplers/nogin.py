@@ -54,9 +54,9 @@ class NOGIN(SGMCMC):
         :math:`n \min(D, n)^2` to form); "cg": conjugate gradients with :math:`\Sigma`-vector
         products only (O(nD) each), stopped at relative residual ``cg_tolerance`` (at most 200
         iterations; with ``mode="JAX"`` always 50, the iterate frozen once converged). "auto"
-        takes
-        "direct" when :math:`\min(D, n) \le 32` and "cg" otherwise: at D = 100, n = 500 a
-        CG step costs about a third of a direct one (``benchmarks/covariance_results_cost.md``).
+        takes "direct" when :math:`\min(D, n) \le 32` and "cg" otherwise: at D = 100,
+        n = 500 a CG step costs about a fifth of a direct one (60 against 276 µs,
+        ``benchmarks/covariance_results_cost.md``).
     cg_tolerance : float, default 1e-6
         Relative residual :math:`\|r\| / \|p\|` at which conjugate gradients stop (at least
         1e-5 for a float32 model, whose rounding leaves residuals of about 1e-6). The matrix
@@ -94,7 +94,7 @@ class NOGIN(SGMCMC):
         average spans about ``2 * averaging_interval / averaging`` steps, over which the
         position must move little compared with the scale on which :math:`\Sigma(\theta)`
         changes. At D = 100, n = 500, h = 1e-3, every 300 steps (a third of the default
-        ``thin`` there) it costs 1.39 SGLD steps per step against 4.6 for the paper's
+        ``thin`` there) it costs 1.35 SGLD steps per step against 3.8 for the paper's
         estimate by CG (``benchmarks/covariance_results_cost.md``), and at h = 5e-3 gives a
         variance ratio of 1.03 against 1.01 for the every-step average and 1.49 for the
         paper's estimate.

@@ -1,0 +1,106 @@
+"""The fused product Gc^T Gc w of the noise covariance's low-rank path, and where it runs."""
+
+import numpy as np
+import pymc as pm
+import pytensor
+import pytensor.tensor as pt
+import pytest
+from models import GaussianRegression
+from pytensor.compile.mode import Mode
+from pytensor.scan.op import Scan
+
+from pymc_sgmcmc import MCCAdL, base
+from pymc_sgmcmc.gram_product import CentredGramProduct, with_centred_gram
+from pymc_sgmcmc.model_layer import NoiseCovariance
+
+FUSED = with_centred_gram("NUMBA")
+PERFORM = Mode(linker="py", optimizer=None)
+
+
+def op_names(fgraph) -> set[str]:
+    """Names of the ops in ``fgraph`` and in the inner graphs of its loops."""
+    names = set()
+    for node in fgraph.apply_nodes:
+        names.add(type(node.op).__name__)
+        if isinstance(node.op, Scan):
+            names |= op_names(node.op.fgraph)
+    return names
+
+
+def product_function(mode, dtype="float64"):
+    g = pt.matrix("g", dtype=dtype)
+    mean, w = pt.vector("m", dtype=dtype), pt.vector("w", dtype=dtype)
+    return pytensor.function([g, mean, w], CentredGramProduct()(g, mean, w), mode=mode)
+
+
+@pytest.mark.parametrize("dtype", ["float64", "float32"])
+@pytest.mark.parametrize("n, dim", [(8, 5), (1, 4), (33, 10)])  # 4 rows at a time + rest
+@pytest.mark.parametrize("mode", [FUSED, "FAST_RUN", PERFORM], ids=["numba", "c", "perform"])
+def test_product_is_the_centred_gram_matrix_times_w(dtype, n, dim, mode):
+    rng = np.random.default_rng(n)
+    # Rows far from zero: the centring matters in the result.
+    rows = (rng.standard_normal((n, dim)) + 3.0).astype(dtype)
+    vector = rng.standard_normal(dim).astype(dtype)
+    centred = rows.astype("float64") - rows.astype("float64").mean(0)
+    expected = centred.T @ (centred @ vector.astype("float64"))
+    result = product_function(mode, dtype)(rows, rows.mean(0), vector)
+    assert result.dtype == dtype
+    # The uncentred sums (both ways of computing it) round relative to the rows' size.
+    scale = n * dim * np.abs(rows).max() ** 2 * np.abs(vector).max()
+    np.testing.assert_allclose(result, expected, rtol=0, atol=scale * np.finfo(dtype).eps * 4)
+
+
+@pytest.mark.parametrize("mode", [FUSED, PERFORM], ids=["numba", "perform"])
+def test_mismatched_shapes_raise(mode):
+    with pytest.raises(ValueError, match="shapes do not match"):
+        product_function(mode)(np.ones((5, 3)), np.ones(3), np.ones(4))
+
+
+def test_only_the_samplers_numba_mode_runs_the_kernel_also_inside_loops():
+    # Products inside a loop, as in mCCAdL's Lanczos and NOGIN's CG loops: the kernel where
+    # numba has it; PyTensor's two products in the loop's graph elsewhere (here the Python
+    # backend; C and JAX are expanded by the same rewrite), with the same result.
+    rng = np.random.default_rng(0)
+    gradients, v = pt.matrix("G", shape=(9, 4)), pt.vector("v", shape=(4,))
+    sigma = NoiseCovariance(gradients, 4, 9)
+    powers = pytensor.scan(
+        lambda x: sigma.matvec(x) / 10.0, outputs_info=[v], n_steps=3, return_updates=False
+    )
+    rows, vector = rng.standard_normal((9, 4)), rng.standard_normal(4)
+    fused = pytensor.function([gradients, v], powers, mode=FUSED)
+    plain = pytensor.function([gradients, v], powers, mode="FAST_COMPILE")
+    assert "CentredGramProduct" in op_names(fused.maker.fgraph)
+    assert "CentredGramProduct" not in op_names(plain.maker.fgraph)
+    centred = rows - rows.mean(0)
+    matrix = 9 / 8 * centred.T @ centred / 10.0
+    expected = [np.linalg.matrix_power(matrix, k) @ vector for k in (1, 2, 3)]
+    np.testing.assert_allclose(fused(rows, vector), expected, rtol=1e-12)
+    np.testing.assert_allclose(plain(rows, vector), expected, rtol=1e-12)
+
+
+@pytest.mark.slow
+def test_mccadl_chain_is_the_same_with_and_without_the_fused_product(monkeypatch):
+    # Slow: two mCCAdL blocks compiled cold, 35 s.
+    problem = GaussianRegression.make(n_obs=500, dim=6, batch_size=50)
+
+    def draws():
+        with problem.model():
+            step = MCCAdL(step_size=5e-3, thin=5)
+            idata = pm.sample(
+                draws=200,
+                tune=0,
+                chains=1,
+                step=step,
+                random_seed=4,
+                progressbar=False,
+                compute_convergence_checks=False,
+            )
+        return step, idata.posterior["w"].values[0]
+
+    step, fused = draws()
+    assert "CentredGramProduct" in op_names(step._block_function()[0].maker.fgraph)
+    monkeypatch.setattr(base, "with_centred_gram", lambda mode: mode)
+    step, plain = draws()
+    assert "CentredGramProduct" not in op_names(step._block_function()[0].maker.fgraph)
+    # Rounding differences of the sums' order, not amplified by the chain.
+    np.testing.assert_allclose(fused, plain, rtol=0, atol=1e-9)
