@@ -95,7 +95,9 @@ optdb.register(EXPAND, in2out(expand_centred_gram), "fast_run", "fast_compile", 
 
 @numba.njit(cache=True, fastmath=True)
 def _centred_gram(g, mean, w, out):
-    """out = sum_i (g_i . w - m . w) g_i, four rows at a time."""
+    """out = sum_i (g_i . w - m . w) g_i, four rows at a time: the loops of
+    :func:`~pymc_sgmcmc.gather_dot._gather_matvec` and ``_gather_rmatvec`` in one, on rows in
+    place (written out again, not shared: see ``gather_dot._GLM_KERNEL``)."""
     n, d = g.shape[0], _opaque(g.shape[1])  # the length opaque: see gather_dot._opaque
     c = _zero(out)
     for j in range(d):

@@ -58,3 +58,22 @@ def gaussian_check(draws: np.ndarray, mean: np.ndarray, cov: np.ndarray) -> Gaus
 def posterior_draws(idata, name: str) -> np.ndarray:
     values = idata.posterior[name].values
     return values.reshape(*values.shape[:2], -1)
+
+
+def one_chain(problem, make_step, draws: int, seed: int):
+    """The step built by ``make_step()`` in ``problem``'s model and the draws of ``w`` of one
+    chain of ``draws`` draws without tuning."""
+    import pymc as pm
+
+    with problem.model():
+        step = make_step()
+        idata = pm.sample(
+            draws=draws,
+            tune=0,
+            chains=1,
+            step=step,
+            random_seed=seed,
+            progressbar=False,
+            compute_convergence_checks=False,
+        )
+    return step, idata.posterior["w"].values[0]

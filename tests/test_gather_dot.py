@@ -9,11 +9,11 @@ same with and without them (up to the order of a floating-point sum).
 from __future__ import annotations
 
 import numpy as np
-import pymc as pm
 import pytensor
 import pytensor.scalar as ps
 import pytensor.tensor as pt
 import pytest
+from checks import one_chain
 from models import GaussianRegression
 
 import pymc_sgmcmc.base as base
@@ -119,18 +119,7 @@ def test_sampler_chain_is_the_same_with_and_without_the_fused_products(monkeypat
     problem = GaussianRegression.make(n_obs=500, dim=3, batch_size=50, dtype=dtype)
 
     def draws():
-        with problem.model():
-            step = SGLD(step_size=1e-4, thin=5)
-            idata = pm.sample(
-                draws=300,
-                tune=0,
-                chains=1,
-                step=step,
-                random_seed=3,
-                progressbar=False,
-                compute_convergence_checks=False,
-            )
-        return step, idata.posterior["w"].values[0]
+        return one_chain(problem, lambda: SGLD(step_size=1e-4, thin=5), draws=300, seed=3)
 
     step, fused = draws()
     # The force in one pass; the minibatch log-density (a lazy branch) reads X[idx] @ w.

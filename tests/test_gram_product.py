@@ -1,10 +1,10 @@
 """The fused product Gc^T Gc w of the noise covariance's low-rank path, and where it runs."""
 
 import numpy as np
-import pymc as pm
 import pytensor
 import pytensor.tensor as pt
 import pytest
+from checks import one_chain
 from models import GaussianRegression
 from pytensor.compile.mode import Mode
 from pytensor.scan.op import Scan
@@ -84,18 +84,7 @@ def test_mccadl_chain_is_the_same_with_and_without_the_fused_product(monkeypatch
     problem = GaussianRegression.make(n_obs=500, dim=6, batch_size=50)
 
     def draws():
-        with problem.model():
-            step = MCCAdL(step_size=5e-3, thin=5)
-            idata = pm.sample(
-                draws=200,
-                tune=0,
-                chains=1,
-                step=step,
-                random_seed=4,
-                progressbar=False,
-                compute_convergence_checks=False,
-            )
-        return step, idata.posterior["w"].values[0]
+        return one_chain(problem, lambda: MCCAdL(step_size=5e-3, thin=5), draws=200, seed=4)
 
     step, fused = draws()
     assert "CentredGramProduct" in op_names(step._block_function()[0].maker.fgraph)
