@@ -76,16 +76,12 @@ class CentredGramProduct(Op):
         return [(shapes[0][1],)]
 
 
-def expanded(g, mean, w):
-    """The two products :class:`CentredGramProduct` fuses, as PyTensor ops (the reference)."""
-    return pt.dot(pt.dot(g, w) - pt.sum(mean * w), g)
-
-
 @node_rewriter([CentredGramProduct])
 def expand_centred_gram(fgraph, node):
     """``CentredGramProduct(G, m, w)`` -> ``(G w - m . w) @ G`` for backends without its
     kernel."""
-    out = expanded(*node.inputs).astype(node.outputs[0].type.dtype)
+    g, mean, w = node.inputs
+    out = pt.dot(pt.dot(g, w) - pt.sum(mean * w), g).astype(node.outputs[0].type.dtype)
     return [pt.specify_shape(out, node.outputs[0].type.shape)]
 
 
