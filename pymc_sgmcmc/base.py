@@ -50,7 +50,7 @@ from rich.table import Column
 
 from pymc_sgmcmc.adaptation import WindowVariance, adaptation_boundaries
 from pymc_sgmcmc.gather_dot import with_gather_dot
-from pymc_sgmcmc.gram_product import with_centred_gram
+from pymc_sgmcmc.gram_product import with_covariance_kernels
 from pymc_sgmcmc.jax_compile import with_jax_reductions
 from pymc_sgmcmc.model_layer import (
     ONE_OFF_MODE,
@@ -653,7 +653,9 @@ class SGMCMC(ArrayStepShared):
         # The host passes float64 arrays to a float32 model's functions (one cast per block).
         kwargs = {
             **kwargs,
-            "mode": with_jax_reductions(with_centred_gram(with_gather_dot(kwargs.get("mode")))),
+            "mode": with_jax_reductions(
+                with_covariance_kernels(with_gather_dot(kwargs.get("mode")))
+            ),
             "allow_input_downcast": True,
         }
         # Fast math without reassociation: the same draws whether this process compiled the

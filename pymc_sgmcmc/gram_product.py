@@ -20,7 +20,7 @@ compile is unchanged (mCCAdL on P1, step construction to the first draw with emp
 Only the numba backend has the kernel. Everywhere else the rewrite ``expand_centred_gram``
 (tagged ``fast_run`` and ``fast_compile``, at the start of the rewrites) puts the two
 products in its place, so that the C and JAX backends compile PyTensor's own graph;
-:func:`with_centred_gram` excludes that rewrite for the samplers' numba blocks. Its kernel
+:func:`with_covariance_kernels` excludes that rewrite for the samplers' numba blocks. Its kernel
 rounds like the fused minibatch products (:mod:`pymc_sgmcmc.gather_dot`): full fast math on
 loops whose length the optimiser cannot see, so a block loaded from the cache draws what the
 compiling process drew (checked on mCCAdL and NOGIN at D = 100).
@@ -49,6 +49,9 @@ from pymc_sgmcmc.gather_dot import _opaque, _zero
 
 #: Name of the rewrite that expands :class:`CentredGramProduct` into two ``Dot`` products.
 EXPAND = "expand_centred_gram"
+#: Tag of the rewrites that expand the fused covariance kernels (this module's and
+#: :class:`~pymc_sgmcmc.krylov.LowRankExpm`) for backends other than numba.
+EXPANSIONS = "expand_covariance_kernels"
 
 
 class CentredGramProduct(Op):
@@ -86,7 +89,9 @@ def expand_centred_gram(fgraph, node):
 
 
 # First among the graph rewrites (after the initial merge), so that the rest see the products.
-optdb.register(EXPAND, in2out(expand_centred_gram), "fast_run", "fast_compile", position=0.05)
+optdb.register(
+    EXPAND, in2out(expand_centred_gram), "fast_run", "fast_compile", EXPANSIONS, position=0.05
+)
 
 
 @numba.njit(cache=True, fastmath=True)
@@ -153,10 +158,11 @@ _CACHE_SALT = int(
 )
 
 
-def with_centred_gram(mode) -> Mode | str | None:
-    """``mode`` without the rewrite that expands :class:`CentredGramProduct` where the linker
-    is numba's, which runs the fused kernel."""
+def with_covariance_kernels(mode) -> Mode | str | None:
+    """``mode`` without the rewrites that expand the fused covariance kernels
+    (:class:`CentredGramProduct`, :class:`~pymc_sgmcmc.krylov.LowRankExpm`) where the linker
+    is numba's, which runs them."""
     resolved = get_mode(mode)
     if isinstance(resolved.linker, NumbaLinker):
-        return resolved.excluding(EXPAND)
+        return resolved.excluding(EXPANSIONS)
     return mode

@@ -41,9 +41,14 @@ from pytensor.graph.basic import Apply, Constant, Variable
 from pytensor.graph.replace import clone_replace, vectorize_graph
 from pytensor.graph.traversal import ancestors, toposort
 from pytensor.scalar import upcast
-from pytensor.scan.utils import until
 
 from pymc_sgmcmc.gram_product import CentredGramProduct
+from pymc_sgmcmc.krylov import (
+    LowRankExpm,
+    LowRankShiftedSolve,
+    conjugate_gradients,
+    lanczos_expm,
+)
 from pymc_sgmcmc.numba_compile import deterministic_fastmath
 
 __all__ = [
@@ -57,7 +62,6 @@ __all__ = [
     "SGModel",
     "ScaledTarget",
     "ShrunkCovariance",
-    "inner",
     "ledoit_wolf_statistics",
 ]
 
@@ -65,17 +69,6 @@ __all__ = [
 #: geometry and step-size checks): Python's perform runs them in well under a second, where
 #: numba would compile each for seconds on a cold start.
 ONE_OFF_MODE = "FAST_COMPILE"
-
-
-def inner(x: Variable, y: Variable) -> Variable:
-    """x . y of two vectors as an elementwise product and sum, not a ``Dot``.
-
-    PyTensor's numba backend turns every ``Dot`` into a BLAS call whose wrapper numba compiles
-    once per combination of the operands' array layouts, about 1 s for C-contiguous operands
-    and 3-4 s for any whose layout numba only knows as "A" (a row of a matrix, an output of a
-    fused reduction), as vectors often are. A vector inner product gains nothing from BLAS at
-    these sizes, and as a loop it compiles with the elementwise code it is fused into."""
-    return pt.sum(x * y)
 
 
 class ModelError(ValueError):
@@ -778,9 +771,6 @@ class SGModel:
 #: The targets a noise-covariance estimate can be shrunk towards (:class:`ShrunkCovariance`).
 SHRINKAGE_TARGETS = ("identity", "diagonal")
 
-#: The error tolerances of :meth:`Covariance.expm_matvec`: ||error|| <= u ||v||.
-EXPM_TOLERANCE = {"half": 2.0**-11, "single": 2.0**-24, "double": 2.0**-53}
-
 
 class Covariance:
     """A symmetric positive semi-definite D x D operator: the minibatch-force covariance in one
@@ -825,7 +815,10 @@ class Covariance:
         tolerance: float | None = None,
         fixed_count: bool = False,
     ) -> Variable:
-        """The same solve by conjugate gradients, with matrix-vector products only.
+        """The same solve by conjugate gradients, with matrix-vector products only
+        (:func:`~pymc_sgmcmc.krylov.conjugate_gradients`; in one kernel for the low-rank
+        estimate's forms, :class:`~pymc_sgmcmc.krylov.LowRankShiftedSolve`, except with
+        ``fixed_count``).
 
         Stops when the residual falls below ``tolerance`` times ||v|| (default 1e-10; in
         float32 at least 1e-5, since its rounding leaves residuals of about 1e-6) or after
@@ -834,37 +827,18 @@ class Covariance:
         estimate (``ShrunkCovariance``) the spread, hence the count, drops further.
         ``fixed_count=True`` (for JAX, which has no data-dependent loop) always runs
         ``iterations`` products and freezes the iterate once converged: the same result."""
-
-        def apply(x):
-            return alpha * x + b * self.matvec(x)
-
         floor = 1e-5 if v.type.dtype == "float32" else 0.0
         tolerance = max(1e-10 if tolerance is None else tolerance, floor)
-        stop = (tolerance**2) * inner(v, v)
-
-        def cg_step(x, r, d, rr):
-            ad = apply(d)
-            step = pt.switch(rr > 0, rr / inner(d, ad), 0.0)
-            x_new = x + step * d
-            r_new = r - step * ad
-            rr_new = inner(r_new, r_new)
-            d_new = r_new + pt.switch(rr > 0, rr_new / rr, 0.0) * d
-            if fixed_count:
-                done = rr <= stop  # converged at an earlier iteration
-                old, new = (x, r, d, rr), (x_new, r_new, d_new, rr_new)
-                return tuple(pt.switch(done, o, n) for o, n in zip(old, new, strict=True))
-            return (x_new, r_new, d_new, rr_new), until(rr_new <= stop)
-
-        # From x0 = 0 (r0 = v): the first iteration's x1, the best multiple of v, is at least
-        # as good as x0 = v / alpha, which costs a product for its residual (5 products
-        # either way at h = 1e-3 on the D = 100 regression, 13.8 against 14.7 at 5e-3).
-        outputs = pytensor.scan(
-            cg_step,
-            outputs_info=[pt.zeros_like(v), v, v, inner(v, v)],
-            n_steps=iterations,
-            return_updates=False,
+        parts = None if fixed_count else self.low_rank_parts()
+        if parts is None:
+            return conjugate_gradients(
+                lambda x: alpha * x + b * self.matvec(x), v, iterations, tolerance, fixed_count
+            )
+        # alpha I + b (c S Gc^T Gc S + d) in one kernel (:mod:`pymc_sgmcmc.krylov`).
+        g, mean, columns, gain, shift = parts
+        return LowRankShiftedSolve(tolerance, iterations)(
+            g, mean, columns, b * gain, alpha + b * shift, v
         )
-        return outputs[0][-1]
 
     def expm_matvec(
         self,
@@ -874,117 +848,20 @@ class Covariance:
         max_products: int = 64,
         fixed_count: bool = False,
     ) -> tuple[Variable, Variable]:
-        r"""exp(scale Sigma) v for scale <= 0 by the Lanczos process, with products Sigma x only.
+        """exp(scale Sigma) v for scale <= 0 with Sigma-vector products only: the Lanczos
+        process with a bound on its error (:func:`~pymc_sgmcmc.krylov.lanczos_expm`, where
+        the arguments are described), in one kernel for the low-rank estimate's forms
+        (:class:`~pymc_sgmcmc.krylov.LowRankExpm`; not with ``fixed_count``, for JAX).
+        Returns (result, number of Sigma-vector products)."""
+        parts = None if fixed_count else self.low_rank_parts()
+        if parts is None:
+            return lanczos_expm(self.matvec, scale, v, tolerance, max_products, fixed_count)
+        return LowRankExpm(tolerance, max_products)(*parts, -pt.as_tensor(scale), v)
 
-        k steps of Lanczos from q_1 = v / ||v|| give the orthonormal Krylov basis Q_k and the
-        tridiagonal T_k = Q_k^T Sigma Q_k (diagonal alpha_i, off-diagonal beta_i), and
-        exp(t Sigma) v ~ ||v|| Q_k exp(t T_k) e_1, with exp(t T_k) from the eigen-decomposition
-        of the small T_k (Saad 1992; Hochbruck & Lubich 1997). It stops at the first k where
-
-        .. math:: \frac{\prod_{i \le k} (|t| \beta_i)}{k!}\,
-                  e^{|t| \max(0, \gamma_k)} \le u,
-                  \qquad \gamma_k = \max_{i \le k} (\beta_{i-1} + \beta_i - \alpha_i),
-
-        a bound on the error relative to ||v|| (u from ``tolerance``: "half" 2^-11, "single"
-        2^-24, "double" 2^-53). Why it bounds the error: u(tau) = ||v|| Q_k exp(-tau T_k) e_1
-        solves u' = -Sigma u + r with the defect r = ||v|| beta_k q_{k+1} [exp(-tau T_k)]_{k1};
-        Sigma is positive semi-definite, so ||exp(-s Sigma)|| <= 1 and the error at |t| is
-        at most the integral of ||r||; the (k, 1) entry, a sum over paths of a
-        nearest-neighbour walk from 1 to k, is at most
-        tau^(k-1) prod_{i<k} beta_i / (k-1)! e^(tau gamma_k). The bound uses no norm of Sigma,
-        and the off-diagonals beta_i are those of Sigma less any multiple of the identity (its
-        mean eigenvalue, a shrinkage target), so the count follows the spread of the spectrum
-        only. At most ``max_products`` products: a step that stops there is kept when Saad's
-        a-posteriori estimate ||v|| beta_k |[t phi_1(t T_k)]_{k1}| (the defect integrated
-        with its sign) meets u (or 100 times the rounding unit, which limits it), and is NaN
-        otherwise, which the samplers treat as a divergence.
-
-        The error lies along the next basis vector q_{k+1}, orthogonal to v, to first order:
-        the product's length, hence the kinetic energy, is kept far more closely than the
-        tolerance (on the regression below at h = 1e-3, mean relative error 1e-4 at "half",
-        but |cos(v, error)| <= 2e-5 and relative energy changes of 3e-8 per step, against
-        the 1e-3 that the friction exchanges).
-
-        This replaces the scaled Taylor polynomial of mCCAdL's eqs. 18-22 (Al-Mohy & Higham
-        2011), which needs an estimate of ||Sigma|| (four products of power iteration) and
-        s m products proportional to ||t Sigma||. Measured on minibatch estimates of the D = 100
-        regression (n = 500, 10 minibatches each, against ``scipy.linalg.expm``): at the
-        posterior mean, ||t Sigma|| = 0.4 (h = 1e-3), 3 products against 9, error <= 2e-4;
-        ||t Sigma|| = 10 (h = 5e-3), 11 against 55; at theta = 0, ||t Sigma|| = 49, 29-33
-        against 263.
-
-        ``fixed_count=True`` (for JAX, which has no loop of data-dependent length) always runs
-        ``max_products`` iterations, those after the stop contributing nothing: the same
-        result. Returns (result, number of Sigma-vector products).
-        """
-        u = EXPM_TOLERANCE[tolerance]
-        dtype = v.type.dtype
-        tiny = np.finfo(dtype).tiny
-        t = -pt.as_tensor(scale).astype(dtype)  # |t|
-        norm_v = pt.sqrt(inner(v, v))
-
-        def lanczos_step(q_prev, q, beta_prev, log_bound, gamma, count, done):
-            w = self.matvec(q)
-            alpha = inner(q, w)
-            w = w - alpha * q - beta_prev * q_prev
-            beta = pt.sqrt(inner(w, w))
-            gamma_new = pt.maximum(gamma, beta_prev + beta - alpha)
-            count_new = count + 1
-            # log of prod (|t| beta_i) / k!, in logs: the product under- or overflows.
-            log_bound_new = (
-                log_bound + pt.log(pt.maximum(t * beta, tiny)) - pt.log(count_new.astype(dtype))
-            )
-            stop = log_bound_new + t * pt.maximum(gamma_new, 0.0) <= np.log(u)
-            # The last off-diagonal beta_k couples T_k to q_{k+1}, outside the basis: 0 in T.
-            coupling = pt.switch(stop, 0.0, beta)
-            new = (q, w / pt.maximum(beta, tiny), beta, log_bound_new, gamma_new, count_new, stop)
-            if not fixed_count:
-                return (alpha, coupling, q, *new), until(stop)
-            # Iterations after the stop leave the state and add zeros to T and Q.
-            old = (q_prev, q, beta_prev, log_bound, gamma, count, done)
-            state = tuple(pt.switch(done, o, n) for o, n in zip(old, new, strict=True))
-            nothing = pt.zeros_like(alpha)
-            out = (pt.switch(done, nothing, alpha), pt.switch(done, nothing, coupling))
-            return (*out, pt.switch(done, pt.zeros_like(q), q), *state)
-
-        zero = pt.constant(0.0, dtype=dtype)
-        outputs = pytensor.scan(
-            lanczos_step,
-            outputs_info=[
-                None,
-                None,
-                None,
-                pt.zeros_like(v),
-                v / pt.maximum(norm_v, tiny),
-                zero,
-                zero,
-                pt.constant(-np.inf, dtype=dtype),
-                pt.constant(0, dtype="int64"),
-                pt.constant(False, dtype="bool"),
-            ],
-            n_steps=max_products,
-            return_updates=False,
-        )
-        alphas, couplings, basis = outputs[:3]
-        last_beta, count, converged = outputs[5][-1], outputs[8][-1], outputs[9][-1]
-        off = couplings[:-1]
-        tridiagonal = pt.diag(alphas) + pt.diag(off, 1) + pt.diag(off, -1)
-        eigenvalues, vectors = pt.linalg.eigh(tridiagonal)
-        first = vectors[0]
-        # Products with the small k x k and k x D matrices as elementwise sums (see
-        # :func:`inner`).
-        coefficients = pt.sum(vectors * (pt.exp(-t * eigenvalues) * first), axis=1)
-        result = norm_v * pt.sum(coefficients[:, None] * basis, axis=0)
-        # Saad's estimate at the cap: the defect's (k, 1) entry integrated over [0, |t|],
-        # (1 - exp(-|t| lambda)) / lambda per eigenvalue (|t| at lambda = 0).
-        small = t * pt.abs(eigenvalues) < 1e-8
-        safe = pt.switch(small, 1.0, eigenvalues)
-        phi = pt.switch(small, t, -pt.expm1(-t * eigenvalues) / safe)
-        estimate = last_beta * pt.abs(inner(vectors[count - 1], phi * first))
-        # Rounding alone leaves errors of some eps: a tolerance below that is met at 100 eps.
-        accepted = pt.or_(converged, estimate <= max(u, 100 * np.finfo(dtype).eps))
-        result = pt.switch(accepted, result, np.nan)
-        return result, count
+    def low_rank_parts(self) -> tuple[Variable, ...] | None:
+        """(G, m, s, c, d) with Sigma x = c s (Gc^T Gc (s x)) + d x, Gc = G - m, for the
+        forms of the low-rank estimate; None for the others."""
+        return None
 
 
 class DenseCovariance(Covariance):
@@ -1115,6 +992,13 @@ class NoiseCovariance(Covariance):
         product = CentredGramProduct()(self.gradients, self.mean, self._scaled(v))
         return self.scale * self._scaled(product)
 
+    def low_rank_parts(self):
+        if self.is_zero:
+            return None
+        ones = pt.ones(self.dim, dtype=self.gradients.dtype)
+        columns = ones if self.columns is None else self.columns
+        return self.gradients, self.mean, columns, self.scale, 0.0 * ones
+
     def dense(self) -> Variable:
         """Sigma as a D x D matrix (O(n D^2); for small D and for tests)."""
         if self.is_zero:
@@ -1228,6 +1112,14 @@ class ShrunkCovariance(Covariance):
 
     def matvec(self, v):
         return (1.0 - self.intensity) * self.base.matvec(v) + self.level * v
+
+    def low_rank_parts(self):
+        parts = self.base.low_rank_parts()
+        if parts is None:
+            return None
+        g, mean, columns, gain, shift = parts
+        keep = 1.0 - self.intensity
+        return g, mean, columns, keep * gain, keep * shift + self.level
 
     def trace(self):
         return self.base.trace()

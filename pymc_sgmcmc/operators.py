@@ -16,7 +16,7 @@ from __future__ import annotations
 import pytensor.tensor as pt
 from pytensor.tensor.variable import TensorVariable
 
-from pymc_sgmcmc.model_layer import inner
+from pymc_sgmcmc.krylov import inner
 
 __all__ = [
     "damping",

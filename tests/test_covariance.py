@@ -101,7 +101,7 @@ def test_expm_matvec_meets_its_error_bound(n_rows, dim, tolerance):
     # estimate: "double" (2^-53) is checked at 100 eps, where expm_matvec documents that a
     # tolerance below rounding is met. The product count grows with the tolerance and the
     # norm, and stays far below the Taylor product's (9 at ||t Sigma|| = 0.4, D = 100).
-    from pymc_sgmcmc.model_layer import EXPM_TOLERANCE
+    from pymc_sgmcmc.krylov import EXPM_TOLERANCE
 
     rng = np.random.default_rng(2)
     G, v, scale = pt.matrix("G"), pt.vector("v"), pt.scalar("scale")

@@ -4,16 +4,13 @@ import numpy as np
 import pytensor
 import pytensor.tensor as pt
 import pytest
-from checks import one_chain
-from models import GaussianRegression
 from pytensor.compile.mode import Mode
 from pytensor.scan.op import Scan
 
-from pymc_sgmcmc import MCCAdL, base
-from pymc_sgmcmc.gram_product import CentredGramProduct, with_centred_gram
+from pymc_sgmcmc.gram_product import CentredGramProduct, with_covariance_kernels
 from pymc_sgmcmc.model_layer import NoiseCovariance
 
-FUSED = with_centred_gram("NUMBA")
+FUSED = with_covariance_kernels("NUMBA")
 PERFORM = Mode(linker="py", optimizer=None)
 
 
@@ -76,20 +73,3 @@ def test_only_the_samplers_numba_mode_runs_the_kernel_also_inside_loops():
     expected = [np.linalg.matrix_power(matrix, k) @ vector for k in (1, 2, 3)]
     np.testing.assert_allclose(fused(rows, vector), expected, rtol=1e-12)
     np.testing.assert_allclose(plain(rows, vector), expected, rtol=1e-12)
-
-
-@pytest.mark.slow
-def test_mccadl_chain_is_the_same_with_and_without_the_fused_product(monkeypatch):
-    # Slow: two mCCAdL blocks compiled cold, 35 s.
-    problem = GaussianRegression.make(n_obs=500, dim=6, batch_size=50)
-
-    def draws():
-        return one_chain(problem, lambda: MCCAdL(step_size=5e-3, thin=5), draws=200, seed=4)
-
-    step, fused = draws()
-    assert "CentredGramProduct" in op_names(step._block_function()[0].maker.fgraph)
-    monkeypatch.setattr(base, "with_centred_gram", lambda mode: mode)
-    step, plain = draws()
-    assert "CentredGramProduct" not in op_names(step._block_function()[0].maker.fgraph)
-    # Rounding differences of the sums' order, not amplified by the chain.
-    np.testing.assert_allclose(fused, plain, rtol=0, atol=1e-9)

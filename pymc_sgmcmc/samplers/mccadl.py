@@ -8,7 +8,7 @@ import numpy as np
 import pytensor.tensor as pt
 
 from pymc_sgmcmc.base import SGMCMC, Step, Thermostatted, positive
-from pymc_sgmcmc.model_layer import EXPM_TOLERANCE
+from pymc_sgmcmc.krylov import EXPM_TOLERANCE
 from pymc_sgmcmc.operators import (
     damping,
     drift,

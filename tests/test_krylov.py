@@ -1,0 +1,174 @@
+"""The fused Krylov kernels of the low-rank covariance (Lanczos exp(t Sigma) v, conjugate
+gradients), against their graphs."""
+
+import numpy as np
+import pytensor
+import pytensor.tensor as pt
+import pytest
+import scipy.linalg
+from checks import one_chain
+from models import GaussianRegression
+from pytensor.compile.mode import Mode
+from test_gram_product import op_names
+
+from pymc_sgmcmc import MCCAdL, base
+from pymc_sgmcmc.gram_product import with_covariance_kernels
+from pymc_sgmcmc.krylov import EXPM_TOLERANCE, LowRankExpm
+from pymc_sgmcmc.model_layer import NoiseCovariance
+
+FUSED = with_covariance_kernels("NUMBA")
+PERFORM = Mode(linker="py", optimizer=None)
+N_ROWS, DIM = 40, 9
+
+
+FORMS = ["plain", "preconditioned", "shrunk to the identity", "shrunk to the diagonal"]
+
+
+def forms(gradients, columns, intensity):
+    """Every form of the low-rank estimate that the samplers pass to the C step."""
+    plain = NoiseCovariance(gradients, DIM, N_ROWS)
+    return {
+        "plain": plain,
+        "preconditioned": plain.scaled(columns),
+        "shrunk to the identity": plain.scaled(columns).shrunk(intensity, "identity"),
+        "shrunk to the diagonal": plain.shrunk(intensity, "diagonal"),
+    }
+
+
+def expm_functions(form: str, max_products: int, dtype: str = "float64"):
+    """(fused kernel, the kernel's Python perform, the expanded graph: Python's backend, which
+    compiles in no time) for one form; each
+    returns (exp(t Sigma) v, products, Sigma as a dense matrix)."""
+    gradients, v = pt.matrix("G", dtype=dtype), pt.vector("v", dtype=dtype)
+    columns, intensity, t = pt.vector("s", dtype=dtype), pt.scalar("rho"), pt.scalar("t")
+    sigma = forms(gradients, columns, intensity)[form]
+    result, count = sigma.expm_matvec(t, v, "half", max_products)
+    outputs = [result, count, sigma.dense()]
+    inputs = [gradients, v, columns, intensity, t]
+    return [
+        pytensor.function(inputs, outputs, mode=mode, on_unused_input="ignore")
+        for mode in (FUSED, PERFORM, "FAST_COMPILE")
+    ]
+
+
+def example(rng, dtype="float64"):
+    # Rows far from zero, so that the centring matters.
+    rows = (rng.standard_normal((N_ROWS, DIM)) + 2.0).astype(dtype)
+    return rows, rng.standard_normal(DIM).astype(dtype), rng.uniform(0.5, 2.0, DIM).astype(dtype)
+
+
+@pytest.mark.parametrize("form", FORMS)
+def test_kernel_runs_the_graphs_algorithm_step_for_step(form):
+    # At ||t Sigma|| = 0.4 (3 products at h = 1e-3 on the D = 100 regression) and 5, with
+    # and without reaching a cap of 3 products: the same count, results that agree to
+    # rounding, and NaN in both where the a-posteriori check rejects the capped product.
+    rng = np.random.default_rng(1)
+    rows, vector, columns = example(rng)
+    for cap in (64, 3):
+        fused, perform, graph = expm_functions(form, cap)
+        dense = graph(rows, vector, columns, 0.3, 0.0)[2]
+        top = np.linalg.eigvalsh(dense).max()
+        for norm in (0.4, 5.0):
+            t = -norm / top
+            expected, count, _ = graph(rows, vector, columns, 0.3, t)
+            for kernel in (fused, perform):
+                result, products, _ = kernel(rows, vector, columns, 0.3, t)
+                assert products == count
+                if np.isnan(expected).all():
+                    assert np.isnan(result).all()
+                    continue
+                np.testing.assert_allclose(result, expected, rtol=0, atol=1e-13)
+                error = np.linalg.norm(result - scipy.linalg.expm(t * dense) @ vector)
+                assert error <= EXPM_TOLERANCE["half"] * np.linalg.norm(vector)
+    assert np.isnan(expected).all()  # 3 products at ||t Sigma|| = 5 fall short
+
+
+@pytest.mark.parametrize("form", FORMS)
+def test_cg_kernel_runs_the_graphs_algorithm_step_for_step(form):
+    # NOGIN's solve (alpha I + b Sigma)^{-1} v: to its tolerance (1e-10 ||v|| on the
+    # residual), and capped at 2 iterations, short of it: the same iterate as the graph's.
+    gradients, v = pt.matrix("G"), pt.vector("v")
+    columns, intensity = pt.vector("s"), pt.scalar("rho")
+    sigma = forms(gradients, columns, intensity)[form]
+    outputs = [sigma.solve_shifted_cg(1.3, 0.05, v, cap) for cap in (60, 2)] + [sigma.dense()]
+    inputs = [gradients, v, columns, intensity]
+    fused, perform, graph = (
+        pytensor.function(inputs, outputs, mode=mode, on_unused_input="ignore")
+        for mode in (FUSED, PERFORM, "FAST_COMPILE")
+    )
+    rows, vector, scales = example(np.random.default_rng(4))
+    *expected, dense = graph(rows, vector, scales, 0.3)
+    exact = np.linalg.solve(1.3 * np.eye(DIM) + 0.05 * dense, vector)
+    np.testing.assert_allclose(expected[0], exact, rtol=0, atol=1e-9 * np.linalg.norm(vector))
+    assert np.linalg.norm(expected[1] - exact) > 1e-3 * np.linalg.norm(vector)  # capped
+    for kernel in (fused, perform):
+        *result, _ = kernel(rows, vector, scales, 0.3)
+        np.testing.assert_allclose(result, expected, rtol=0, atol=1e-13)
+
+
+def test_kernel_in_single_precision():
+    # Same dtype out; the kernel sums its vector products in double precision, the graph in
+    # single: they agree to some float32 rounding units of ||v||.
+    rng = np.random.default_rng(2)
+    rows, vector, columns = example(rng, "float32")
+    fused, _, graph = expm_functions("preconditioned", 64, "float32")
+    top = np.linalg.eigvalsh(graph(rows, vector, columns, 0.0, 0.0)[2]).max()
+    result, products, _ = fused(rows, vector, columns, 0.0, -0.4 / top)
+    expected, count, _ = graph(rows, vector, columns, 0.0, -0.4 / top)
+    assert result.dtype == np.float32
+    assert products == count
+    scale = np.linalg.norm(vector) * np.finfo(np.float32).eps
+    np.testing.assert_allclose(result, expected, rtol=0, atol=100 * scale)
+
+
+@pytest.mark.parametrize("mode", [FUSED, PERFORM], ids=["numba", "perform"])
+def test_zero_vector_gives_zero_after_one_product(mode):
+    gradients, v = pt.matrix("G"), pt.vector("v")
+    result, count = NoiseCovariance(gradients, DIM, N_ROWS).expm_matvec(-0.1, v)
+    fn = pytensor.function([gradients, v], [result, count], mode=mode)
+    out, products = fn(np.ones((N_ROWS, DIM)), np.zeros(DIM))
+    np.testing.assert_array_equal(out, np.zeros(DIM))
+    assert products == 1
+
+
+@pytest.mark.parametrize("mode", [FUSED, PERFORM], ids=["numba", "perform"])
+def test_mismatched_shapes_raise(mode):
+    g, m, s, d, v = (pt.matrix("g"), *(pt.vector(x) for x in "msdv"))
+    out = LowRankExpm()(g, m, s, 1.0, d, 0.1, v)
+    fn = pytensor.function([g, m, s, d, v], out, mode=mode)
+    with pytest.raises(ValueError, match="shapes do not match"):
+        fn(np.ones((5, 3)), np.ones(3), np.ones(3), np.zeros(3), np.ones(4))
+
+
+def test_only_the_samplers_numba_mode_runs_the_kernel():
+    # Elsewhere (C here; Python and JAX through the same rewrite) the Lanczos loop is built
+    # as a graph, whose products are in turn expanded into PyTensor's own.
+    gradients, v = pt.matrix("G"), pt.vector("v")
+    result, _ = NoiseCovariance(gradients, DIM, N_ROWS).expm_matvec(-0.1, v)
+    fused = pytensor.function([gradients, v], result, mode=FUSED)
+    plain = pytensor.function([gradients, v], result, mode="FAST_RUN")
+    assert "LowRankExpm" in op_names(fused.maker.fgraph)
+    names = op_names(plain.maker.fgraph)
+    assert not {"LowRankExpm", "CentredGramProduct"} & names
+    assert "Scan" in names
+    rows, vector, _ = example(np.random.default_rng(3))
+    np.testing.assert_allclose(fused(rows, vector), plain(rows, vector), rtol=0, atol=1e-13)
+
+
+@pytest.mark.slow
+def test_mccadl_chain_is_the_same_with_and_without_the_fused_kernels(monkeypatch):
+    # Slow: two mCCAdL blocks compiled cold, 35 s. The fused kernels are the Gram product and
+    # the Lanczos process around it (:mod:`pymc_sgmcmc.krylov`).
+    problem = GaussianRegression.make(n_obs=500, dim=6, batch_size=50)
+
+    def draws():
+        return one_chain(problem, lambda: MCCAdL(step_size=5e-3, thin=5), draws=200, seed=4)
+
+    kernels = {"CentredGramProduct", "LowRankExpm"}
+    step, fused = draws()
+    assert "LowRankExpm" in op_names(step._block_function()[0].maker.fgraph)  # runs the other
+    monkeypatch.setattr(base, "with_covariance_kernels", lambda mode: mode)
+    step, plain = draws()
+    assert not kernels & op_names(step._block_function()[0].maker.fgraph)
+    # Rounding differences of the sums' order, not amplified by the chain.
+    np.testing.assert_allclose(fused, plain, rtol=0, atol=1e-9)
