@@ -17,10 +17,12 @@ SGLD at 15.2-15.3 µs (``benchmarks/covariance.py``'s measurement, 2026-11-25 20
 compile is unchanged (mCCAdL on P1, step construction to the first draw with empty caches:
 22.3 s against 23.0 s; NOGIN 13.3 s against 13.3 s).
 
-Only the numba backend has the kernel. Everywhere else the rewrite ``expand_centred_gram``
-(tagged ``fast_run`` and ``fast_compile``, at the start of the rewrites) puts the two
-products in its place, so that the C and JAX backends compile PyTensor's own graph;
-:func:`with_covariance_kernels` excludes that rewrite for the samplers' numba blocks. Its kernel
+The Krylov kernels of :mod:`pymc_sgmcmc.krylov` call this kernel for their products, so that
+the loops around them run in numba too. Only the numba backend has the kernel. Everywhere else
+the rewrite ``expand_centred_gram`` (tagged ``fast_run`` and ``fast_compile``, at the start of
+the rewrites) puts the two products in its place, so that the C and JAX backends compile
+PyTensor's own graph; :func:`with_covariance_kernels` excludes that rewrite (and the Krylov
+kernels') for the samplers' numba blocks. Its kernel
 rounds like the fused minibatch products (:mod:`pymc_sgmcmc.gather_dot`): full fast math on
 loops whose length the optimiser cannot see, so a block loaded from the cache draws what the
 compiling process drew (checked on mCCAdL and NOGIN at D = 100).

@@ -79,21 +79,21 @@ def lanczos_expm(
     a bound on the error relative to ||v|| (u from ``tolerance``: "half" 2^-11, "single"
     2^-24, "double" 2^-53). Why it bounds the error: u(tau) = ||v|| Q_k exp(-tau T_k) e_1
     solves u' = -Sigma u + r with the defect r = ||v|| beta_k q_{k+1} [exp(-tau T_k)]_{k1};
-    Sigma is positive semi-definite, so ||exp(-s Sigma)|| <= 1 and the error at |t| is
+    Sigma is positive semi-definite, so ||exp(-s Sigma)|| <= 1 and the error at ``|t|`` is
     at most the integral of ||r||; the (k, 1) entry, a sum over paths of a
     nearest-neighbour walk from 1 to k, is at most
     tau^(k-1) prod_{i<k} beta_i / (k-1)! e^(tau gamma_k). The bound uses no norm of Sigma,
     and the off-diagonals beta_i are those of Sigma less any multiple of the identity (its
     mean eigenvalue, a shrinkage target), so the count follows the spread of the spectrum
     only. At most ``max_products`` products: a step that stops there is kept when Saad's
-    a-posteriori estimate ||v|| beta_k |[t phi_1(t T_k)]_{k1}| (the defect integrated
+    a-posteriori estimate ``||v|| beta_k |[t phi_1(t T_k)]_{k1}|`` (the defect integrated
     with its sign) meets u (or 100 times the rounding unit, which limits it), and is NaN
     otherwise, which the samplers treat as a divergence.
 
     The error lies along the next basis vector q_{k+1}, orthogonal to v, to first order:
     the product's length, hence the kinetic energy, is kept far more closely than the
     tolerance (on the regression below at h = 1e-3, mean relative error 1e-4 at "half",
-    but |cos(v, error)| <= 2e-5 and relative energy changes of 3e-8 per step, against
+    but ``|cos(v, error)| <= 2e-5`` and relative energy changes of 3e-8 per step, against
     the 1e-3 that the friction exchanges).
 
     This replaces the scaled Taylor polynomial of mCCAdL's eqs. 18-22 (Al-Mohy & Higham
@@ -227,6 +227,19 @@ def low_rank_matvec(g, mean, columns, gain, shift) -> Callable[[Variable], Varia
     return matvec
 
 
+def _low_rank_inputs(op: Op, values, ndims: list[int]) -> tuple[list[Variable], Variable]:
+    """The inputs of a low-rank kernel, of ``ndims`` dimensions each, as tensors of one dtype,
+    and its vector result's type. The dtype is that of the rows and vectors; the scalars
+    follow it, as they do in the graphs."""
+    inputs = [as_tensor_variable(x) for x in values]
+    if [x.type.ndim for x in inputs] != ndims:
+        raise TypeError(f"{type(op).__name__} takes inputs of {ndims} dimensions")
+    dtype = upcast(*(x.type.dtype for x in inputs if x.type.ndim))
+    inputs = [x.astype(dtype) for x in inputs]
+    dim = next((s for x in inputs[1:] for s in x.type.shape if s), None)
+    return inputs, pt.tensor(dtype=dtype, shape=(dim,))
+
+
 class LowRankExpm(Op):
     """``(exp(-t Sigma) v, products)`` for ``Sigma x = gain s (Gc^T Gc (s x)) + d x``, with
     ``Gc`` the rows ``G`` (n, D) less their mean ``m``, column scales ``s`` and shift ``d``
@@ -244,15 +257,10 @@ class LowRankExpm(Op):
         self.max_products = int(max_products)
 
     def make_node(self, g, mean, columns, gain, shift, t, v):
-        inputs = list(map(as_tensor_variable, (g, mean, columns, gain, shift, t, v)))
-        if [x.type.ndim for x in inputs] != [2, 1, 1, 0, 1, 0, 1]:
-            raise TypeError("LowRankExpm takes rows, three vectors, two scalars and a vector")
-        # The dtype of the operator and vector; the scalars follow it, as in lanczos_expm.
-        dtype = upcast(*(x.type.dtype for i, x in enumerate(inputs) if i not in (3, 5)))
-        inputs = [x.astype(dtype) for x in inputs]
-        dim = next((s for x in inputs[1:] if x.type.ndim == 1 for s in x.type.shape if s), None)
-        outputs = [pt.tensor(dtype=dtype, shape=(dim,)), pt.scalar(dtype="int64")]
-        return Apply(self, inputs, outputs)
+        inputs, result = _low_rank_inputs(
+            self, (g, mean, columns, gain, shift, t, v), [2, 1, 1, 0, 1, 0, 1]
+        )
+        return Apply(self, inputs, [result, pt.scalar(dtype="int64")])
 
     def perform(self, node, inputs, outputs):
         result, count = _lanczos_expm.py_func(*inputs, *self._constants())
@@ -279,13 +287,10 @@ class LowRankShiftedSolve(Op):
         self.iterations = int(iterations)
 
     def make_node(self, g, mean, columns, gain, diagonal, v):
-        inputs = list(map(as_tensor_variable, (g, mean, columns, gain, diagonal, v)))
-        if [x.type.ndim for x in inputs] != [2, 1, 1, 0, 1, 1]:
-            raise TypeError("LowRankShiftedSolve takes rows, two vectors, a scalar and two vectors")
-        dtype = upcast(*(x.type.dtype for i, x in enumerate(inputs) if i != 3))
-        inputs = [x.astype(dtype) for x in inputs]
-        dim = next((s for x in inputs[1:] if x.type.ndim == 1 for s in x.type.shape if s), None)
-        return Apply(self, inputs, [pt.tensor(dtype=dtype, shape=(dim,))])
+        inputs, result = _low_rank_inputs(
+            self, (g, mean, columns, gain, diagonal, v), [2, 1, 1, 0, 1, 1]
+        )
+        return Apply(self, inputs, [result])
 
     def perform(self, node, inputs, outputs):
         result = _shifted_cg.py_func(*inputs, self.tolerance, self.iterations)

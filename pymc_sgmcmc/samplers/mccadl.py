@@ -31,7 +31,7 @@ class MCCAdL(Thermostatted):
     products: by the Lanczos process with a bound on its error rather than the paper's scaled
     Taylor polynomial (eqs. 18-22), whose choice of scaling needs an estimate of
     :math:`\|\Sigma\|`; the same product, to the same tolerance, from a third of the products
-    at the papers' step sizes (see :meth:`pymc_sgmcmc.model_layer.Covariance.expm_matvec`).
+    at the papers' step sizes (see :func:`pymc_sgmcmc.krylov.lanczos_expm`).
 
     :math:`\Sigma` comes from the per-observation gradients of the minibatch of the step's
     force evaluation (eq. 15, no moving average), i.e. at the position where the step starts:
@@ -127,9 +127,11 @@ class MCCAdL(Thermostatted):
     Momentum :math:`N(0, I)` and :math:`\xi = A` at every chain (re)start and at the end of
     tuning. The C step costs ``expm_products`` covariance-vector products, each about a third
     of an SGLD step at D = 100, n = 500 (one pass over the per-observation gradients,
-    :class:`~pymc_sgmcmc.gram_product.CentredGramProduct`), and the per-observation gradients
-    cost more than the summed gradient (CCAdL, which adds little else to SGNHT, takes 1.5x
-    SGLD's time per step there).
+    :class:`~pymc_sgmcmc.gram_product.CentredGramProduct`; the Lanczos process around them runs
+    in one kernel, :class:`~pymc_sgmcmc.krylov.LowRankExpm`), and the per-observation
+    gradients cost more than the summed gradient (CCAdL, which adds little else to SGNHT,
+    takes 1.6x SGLD's time per step there): 2.9x SGLD's step in all
+    (``benchmarks/covariance_results_cost.md``).
 
     Sampler stats
     -------------

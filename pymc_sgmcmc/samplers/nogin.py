@@ -52,11 +52,12 @@ class NOGIN(SGMCMC):
         How :math:`((1+\lambda^2) I + \tfrac{h^2}{4}\Sigma)^{-1} p` is computed. "direct":
         a D x D solve when D <= n, else Woodbury through the n x n system (either costs
         :math:`n \min(D, n)^2` to form); "cg": conjugate gradients with :math:`\Sigma`-vector
-        products only (O(nD) each), stopped at relative residual ``cg_tolerance`` (at most 200
-        iterations; with ``mode="JAX"`` always 50, the iterate frozen once converged). "auto"
-        takes "direct" when :math:`\min(D, n) \le 32` and "cg" otherwise: at D = 100,
-        n = 500 a CG step costs about a fifth of a direct one (60 against 276 µs,
-        ``benchmarks/covariance_results_cost.md``).
+        products only (O(nD) each; in one numba kernel with the low-rank estimate,
+        :class:`~pymc_sgmcmc.krylov.LowRankShiftedSolve`), stopped at relative residual
+        ``cg_tolerance`` (at most 200 iterations; with ``mode="JAX"`` always 50, the iterate
+        frozen once converged). "auto" takes "direct" when :math:`\min(D, n) \le 32` and "cg"
+        otherwise: at D = 100, n = 500 a CG step costs less than a fifth of a direct one (49
+        against 271 µs, ``benchmarks/covariance_results_cost.md``).
     cg_tolerance : float, default 1e-6
         Relative residual :math:`\|r\| / \|p\|` at which conjugate gradients stop (at least
         1e-5 for a float32 model, whose rounding leaves residuals of about 1e-6). The matrix
