@@ -1,22 +1,30 @@
-"""Krylov products with the noise covariance: exp(t Sigma) v by the Lanczos process.
+"""Krylov methods with the noise covariance: exp(t Sigma) v by the Lanczos process, and
+(alpha I + b Sigma)^{-1} v by conjugate gradients.
 
 mCCAdL's C step multiplies the momentum by :math:`\\exp(-\\tfrac{h^2}{2}\\Sigma)` with
 :math:`\\Sigma`-vector products only (:func:`lanczos_expm`). As a PyTensor graph the process is
 a loop of data-dependent length whose every iteration is a handful of small vector operations
 around the product, followed by the eigen-decomposition of the small tridiagonal matrix; in
-numba that bookkeeping cost as much as the products themselves on the D = 100 regression
-(n = 500, 3 products: 25.7 µs against 14.4 µs for the products alone).
+numba that bookkeeping costs more than a third of the products' time on the D = 100
+regression (n = 500, 3 products: 22.2 µs per call as a graph, 16.8 µs as one kernel, 14.4 µs
+for the three products alone; 38.6 against 31.0 µs with 5.8 products, 2026-11-26).
 
 For the low-rank estimate from the per-observation gradients, in all the forms the samplers
 build from it (preconditioned, shrunk towards the identity or the diagonal),
 :math:`\\Sigma v = c\\, s \\odot G_c^\\top G_c (s \\odot v) + d \\odot v`, and
 :class:`LowRankExpm` runs the whole process in one numba kernel around
 :class:`~pymc_sgmcmc.gram_product.CentredGramProduct`'s. The same algorithm, step for step:
-the same stopping rule, tridiagonal matrix, result and a-posteriori check at the cap. As with
-the Gram product, only the numba backend has the kernel; the rewrite ``expand_lanczos_expm``
-builds :func:`lanczos_expm`'s graph in its place for the others, and
-:func:`~pymc_sgmcmc.gram_product.with_covariance_kernels` excludes both expansions for the
-samplers' numba blocks.
+the same stopping rule, tridiagonal matrix, result and a-posteriori check at the cap.
+NOGIN's damping solve by :func:`conjugate_gradients` gets the same treatment
+(:class:`LowRankShiftedSolve`). In the compiled blocks at D = 100 that took mCCAdL from 3.35
+to 2.86 times SGLD's time per step and NOGIN with conjugate gradients from 3.75 to 3.29
+(``benchmarks/covariance_results_cost.md``), and 8 s off mCCAdL's cold compile, which no
+longer has a loop nested in the block's.
+
+As with the Gram product, only the numba backend has the kernels; the rewrite
+``expand_krylov_kernels`` builds the loop graphs in their place for the others, and
+:func:`~pymc_sgmcmc.gram_product.with_covariance_kernels` excludes it, with the Gram product's,
+for the samplers' numba blocks.
 """
 
 from __future__ import annotations
@@ -332,7 +340,7 @@ def expand_lanczos_expm(fgraph, node):
 
 # Before the Gram product's expansion (0.05), which then expands the products in their loops.
 optdb.register(
-    "expand_lanczos_expm",
+    "expand_krylov_kernels",
     in2out(expand_lanczos_expm, expand_shifted_solve),
     "fast_run",
     "fast_compile",

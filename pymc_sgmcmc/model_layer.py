@@ -997,7 +997,7 @@ class NoiseCovariance(Covariance):
             return None
         ones = pt.ones(self.dim, dtype=self.gradients.dtype)
         columns = ones if self.columns is None else self.columns
-        return self.gradients, self.mean, columns, self.scale, 0.0 * ones
+        return self.gradients, self.mean, columns, self.scale, pt.zeros_like(ones)
 
     def dense(self) -> Variable:
         """Sigma as a D x D matrix (O(n D^2); for small D and for tests)."""
