@@ -352,7 +352,7 @@ optdb.register(
 @numba.njit(cache=True)
 def _check(ok: bool) -> None:
     if not ok:
-        raise ValueError("LowRankExpm: shapes do not match")
+        raise ValueError("low-rank Krylov kernel: shapes do not match")
 
 
 @numba.njit(cache=True)

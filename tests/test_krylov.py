@@ -13,7 +13,7 @@ from test_gram_product import op_names
 
 from pymc_sgmcmc import MCCAdL, base
 from pymc_sgmcmc.gram_product import with_covariance_kernels
-from pymc_sgmcmc.krylov import EXPM_TOLERANCE, LowRankExpm
+from pymc_sgmcmc.krylov import EXPM_TOLERANCE, LowRankExpm, LowRankShiftedSolve
 from pymc_sgmcmc.model_layer import NoiseCovariance
 
 FUSED = with_covariance_kernels("NUMBA")
@@ -131,10 +131,14 @@ def test_zero_vector_gives_zero_after_one_product(mode):
     assert products == 1
 
 
+@pytest.mark.parametrize("kernel", ["expm", "solve"])
 @pytest.mark.parametrize("mode", [FUSED, PERFORM], ids=["numba", "perform"])
-def test_mismatched_shapes_raise(mode):
+def test_mismatched_shapes_raise(mode, kernel):
     g, m, s, d, v = (pt.matrix("g"), *(pt.vector(x) for x in "msdv"))
-    out = LowRankExpm()(g, m, s, 1.0, d, 0.1, v)
+    if kernel == "expm":
+        out = LowRankExpm()(g, m, s, 1.0, d, 0.1, v)
+    else:
+        out = LowRankShiftedSolve(1e-10, 20)(g, m, s, 1.0, d, v)
     fn = pytensor.function([g, m, s, d, v], out, mode=mode)
     with pytest.raises(ValueError, match="shapes do not match"):
         fn(np.ones((5, 3)), np.ones(3), np.ones(3), np.zeros(3), np.ones(4))
