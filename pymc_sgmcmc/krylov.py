@@ -227,7 +227,8 @@ def conjugate_gradients(
 
 def low_rank_matvec(g, mean, columns, gain, shift) -> Callable[[Variable], Variable]:
     """x -> gain s (Gc^T Gc (s x)) + d x, with s = ``columns`` and d = ``shift``: the products
-    of :class:`LowRankExpm`'s operator, as :func:`lanczos_expm` takes them."""
+    with the operators of :class:`LowRankExpm` and :class:`LowRankShiftedSolve` (whose
+    ``diagonal`` is d), as :func:`lanczos_expm` and :func:`conjugate_gradients` take them."""
 
     def matvec(x):
         return gain * columns * CentredGramProduct()(g, mean, columns * x) + shift * x
@@ -308,22 +309,13 @@ class LowRankShiftedSolve(Op):
         return [shapes[-1]]
 
 
-def low_rank_shifted(g, mean, columns, gain, diagonal) -> Callable[[Variable], Variable]:
-    """x -> a x + gain s (Gc^T Gc (s x)): :class:`LowRankShiftedSolve`'s operator."""
-
-    def apply(x):
-        return diagonal * x + gain * columns * CentredGramProduct()(g, mean, columns * x)
-
-    return apply
-
-
 @node_rewriter([LowRankShiftedSolve])
 def expand_shifted_solve(fgraph, node):
     """``LowRankShiftedSolve`` -> :func:`conjugate_gradients`'s graph for backends without
     its kernel."""
     *operator, v = node.inputs
     result = conjugate_gradients(
-        low_rank_shifted(*operator), v, node.op.iterations, node.op.tolerance
+        low_rank_matvec(*operator), v, node.op.iterations, node.op.tolerance
     )
     return [pt.specify_shape(result, node.outputs[0].type.shape)]
 
@@ -356,6 +348,17 @@ def _check(ok: bool) -> None:
 
 
 @numba.njit(cache=True)
+def _apply_low_rank(g, mean, columns, gain, shift, x, scaled, out):
+    """out = gain s (Gc^T Gc (s x)) + d x (``scaled`` is work space for s x): the operator
+    of both kernels, as :func:`low_rank_matvec` writes it as a graph."""
+    for j in range(x.shape[0]):
+        scaled[j] = columns[j] * x[j]
+    _centred_gram(g, mean, scaled, out)
+    for j in range(x.shape[0]):
+        out[j] = gain * columns[j] * out[j] + shift[j] * x[j]
+
+
+@numba.njit(cache=True)
 def _lanczos_expm(g, mean, columns, gain, shift, t, v, u, max_products):
     """:func:`lanczos_expm` on ``x -> gain s (Gc^T Gc (s x)) + d x``, line by line; the
     vector loops in order (no fast math: the products dominate, and the same rounding
@@ -372,12 +375,9 @@ def _lanczos_expm(g, mean, columns, gain, shift, t, v, u, max_products):
     q = v / max(norm_v, tiny)
     beta_prev, log_bound, gamma, count, stop = 0.0, 0.0, -np.inf, 0, False
     while count < max_products and not stop:
-        for j in range(dim):
-            scaled[j] = columns[j] * q[j]
-        _centred_gram(g, mean, scaled, w)
+        _apply_low_rank(g, mean, columns, gain, shift, q, scaled, w)
         alpha = 0.0
         for j in range(dim):
-            w[j] = gain * columns[j] * w[j] + shift[j] * q[j]
             alpha += q[j] * w[j]
         for j in range(dim):
             previous = basis[count - 1, j] if count > 0 else 0.0
@@ -427,12 +427,9 @@ def _shifted_cg(g, mean, columns, gain, diagonal, v, tolerance, iterations):
     rr = np.sum(v * v)
     stop = tolerance**2 * rr
     for _ in range(iterations):
-        for j in range(dim):
-            scaled[j] = columns[j] * d[j]
-        _centred_gram(g, mean, scaled, ad)
+        _apply_low_rank(g, mean, columns, gain, diagonal, d, scaled, ad)
         curvature = 0.0
         for j in range(dim):
-            ad[j] = diagonal[j] * d[j] + gain * columns[j] * ad[j]
             curvature += d[j] * ad[j]
         step = rr / curvature if rr > 0 else 0.0
         rr_new = 0.0
@@ -480,6 +477,7 @@ _CACHE_SALT = int(
                 inspect.getsource(f)
                 for f in (
                     _check,
+                    _apply_low_rank,
                     _lanczos_expm,
                     _numba_lanczos_expm,
                     _shifted_cg,
