@@ -1,0 +1,319 @@
+"""Where a covariance sampler's step goes at D = 100, n = 500: kernels timed on their own.
+
+The guide's "Cost per step" section explains why mCCAdL and NOGIN cost more than 1.6x an SGLD
+step with the papers' per-step estimate of Sigma. This script measures the pieces behind that
+argument, each in a compiled numba loop (the smallest of 25 runs of many calls, the
+variants of a table alternated):
+
+1. the product ``Gc^T (Gc w)`` with the 500 x 100 per-observation gradients G, by the project's
+   kernel (``gram_product._centred_gram``) and by the alternatives tried: eight rows at a
+   time, G stored transposed, two BLAS calls, and G stored in float32 (summed in float64);
+2. the predictor X[idx] @ w of SGLD's fused gather kernel on 500 random rows of data the size
+   of P1's (10,000 x 100, 8 MB), against the first 500 rows (400 kB, which the L2 cache
+   holds);
+3. a model of the per-observation part of a step (predictor, G with its two column sums,
+   one product), with the rows copied out of the data first, as PyTensor's graph does, and
+   with the copy fused into the loop that writes G;
+4. conjugate-gradient iterations for NOGIN's system ((1 + l2) I + h^2 Sigma / 4) x = p at
+   ``cg_tolerance = 1e-6``, with and without a Jacobi preconditioner, Sigma estimated from
+   the minibatch per-observation gradients at P1's posterior mean (20 minibatches each).
+
+Run: ``.venv/bin/python benchmarks/product_floor.py [--output
+benchmarks/product_floor_results.md]``.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import single_thread  # noqa: F401  (before NumPy: one thread per runtime)
+
+# isort: split
+
+import numba
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).parent.parent / "tests"))
+
+from models import GaussianRegression
+from report import header, output_path, write
+
+from pymc_sgmcmc.gather_dot import _gather_matvec
+from pymc_sgmcmc.gram_product import _centred_gram
+
+N_OBS, DIM, BATCH = 10_000, 100, 500
+ROUNDS, REPEATS = 5, 5
+
+
+def alternated_us(runs: dict[str, Callable[[int], object]], calls: int) -> dict[str, float]:
+    """Time per call of each ``run(calls)``: the smallest of ``ROUNDS`` x ``REPEATS`` runs,
+    the variants taking turns round by round, so that a slower spell of this shared machine
+    (single runs here vary by 20-30 %) meets every variant."""
+    best = dict.fromkeys(runs, np.inf)
+    for run in runs.values():
+        run(2)  # compile
+    for _ in range(ROUNDS):
+        for label, run in runs.items():
+            for _ in range(REPEATS):
+                start = time.perf_counter()
+                run(calls)
+                best[label] = min(best[label], time.perf_counter() - start)
+    return {label: t / calls * 1e6 for label, t in best.items()}
+
+
+# ---------------------------------------------------------------- 1. the product variants
+@numba.njit(fastmath=True)
+def gram_eight_rows(g, mean, w, out):
+    n, d = g.shape
+    c = 0.0
+    for j in range(d):
+        c += mean[j] * w[j]
+    out[:] = 0
+    s = np.empty(8)
+    i = 0
+    while i + 8 <= n:
+        for k in range(8):
+            acc = 0.0
+            for j in range(d):
+                acc += g[i + k, j] * w[j]
+            s[k] = acc - c
+        for j in range(d):
+            acc = 0.0
+            for k in range(8):
+                acc += g[i + k, j] * s[k]
+            out[j] += acc
+        i += 8
+    while i < n:
+        acc = 0.0
+        for j in range(d):
+            acc += g[i, j] * w[j]
+        for j in range(d):
+            out[j] += g[i, j] * (acc - c)
+        i += 1
+
+
+@numba.njit(fastmath=True)
+def gram_transposed(gt, mean, w, out):
+    d, n = gt.shape
+    c = 0.0
+    for j in range(d):
+        c += mean[j] * w[j]
+    u = np.full(n, -c)
+    for j in range(d):
+        for i in range(n):
+            u[i] += gt[j, i] * w[j]
+    for j in range(d):
+        acc = 0.0
+        for i in range(n):
+            acc += gt[j, i] * u[i]
+        out[j] = acc
+
+
+@numba.njit
+def gram_blas(g, mean, w, out):
+    out[:] = (g @ w - mean @ w) @ g
+
+
+def product_rows(rng) -> list[str]:
+    g = rng.standard_normal((BATCH, DIM))
+    mean, w = g.mean(0), rng.standard_normal(DIM)
+    reference = (g @ w - mean @ w) @ g
+    variants = [
+        ("project kernel, 4 rows at a time (float64)", _centred_gram, g),
+        ("8 rows at a time", gram_eight_rows, g),
+        ("G stored transposed (D x n)", gram_transposed, np.ascontiguousarray(g.T)),
+        ("two BLAS calls", gram_blas, g),
+        ("project kernel, G stored in float32", _centred_gram, g.astype(np.float32)),
+    ]
+    runs, errors = {}, {}
+    for label, kernel, matrix in variants:
+
+        @numba.njit
+        def loop(matrix, mean, w, out, calls, kernel=kernel):
+            for _ in range(calls):
+                kernel(matrix, mean, w, out)
+                w[0] += out[0] * 1e-300  # a dependency between calls
+
+        out = np.empty(DIM)
+        kernel(matrix, mean, w.copy(), out)
+        errors[label] = np.max(np.abs(out - reference)) / np.max(np.abs(reference))
+        runs[label] = lambda calls, m=matrix, f=loop, o=out: f(m, mean, w.copy(), o, calls)
+    times = alternated_us(runs, 10_000)
+    return [f"| {label} | {times[label]:.2f} | {errors[label]:.1e} |" for label in runs]
+
+
+# ---------------------------------------------------------------- 2. reading the rows
+@numba.njit
+def predictors(x, index_rows, v, out):
+    """SGLD's predictor X[idx] @ v for each row of ``index_rows``, by the fused gather
+    kernel (``gather_dot._gather_matvec``)."""
+    for k in range(index_rows.shape[0]):
+        _gather_matvec(x, index_rows[k], v, out)
+        v[0] += out[0] * 1e-300  # a dependency between calls
+
+
+def gather_rows(rng) -> list[str]:
+    x, v, out = rng.standard_normal((N_OBS, DIM)), rng.standard_normal(DIM), np.empty(BATCH)
+    random_rows = rng.integers(0, N_OBS, (2_000, BATCH))
+    in_order = np.tile(np.arange(BATCH), (2_000, 1))
+    runs = {
+        f"{label} of the 10,000 x 100 data": lambda calls, r=index_rows: predictors(
+            x, r[:calls], v, out
+        )
+        for label, index_rows in (
+            ("500 random rows", random_rows),
+            ("the first 500 rows", in_order),
+        )
+    }
+    return [f"| {label} | {us:.2f} |" for label, us in alternated_us(runs, 2_000).items()]
+
+
+# ---------------------------------------------------------------- 3. per-observation part
+@numba.njit(fastmath=True)
+def residuals(x, y, idx, w):
+    r = np.empty(idx.shape[0])
+    for i in range(idx.shape[0]):
+        row = x[idx[i]]
+        s = 0.0
+        for j in range(x.shape[1]):
+            s += row[j] * w[j]
+        r[i] = y[idx[i]] - s
+    return r
+
+
+@numba.njit(fastmath=True)
+def step_with_copy(x, y, index_rows, w):
+    acc, out = np.zeros(x.shape[1]), np.empty(x.shape[1])
+    for k in range(index_rows.shape[0]):
+        idx = index_rows[k]
+        r = residuals(x, y, idx, w)
+        rows = np.empty((idx.shape[0], x.shape[1]))
+        for i in range(idx.shape[0]):
+            source = x[idx[i]]
+            for j in range(x.shape[1]):
+                rows[i, j] = source[j]
+        g = np.empty((idx.shape[0], x.shape[1]))
+        s1, s2 = np.zeros(x.shape[1]), np.zeros(x.shape[1])
+        for i in range(g.shape[0]):
+            for j in range(g.shape[1]):
+                v = rows[i, j] * r[i]
+                g[i, j] = v
+                s1[j] += v
+                s2[j] += v * v
+        _centred_gram(g, s1 / idx.shape[0], w, out)
+        acc += out + s2
+    return acc
+
+
+@numba.njit(fastmath=True)
+def step_fused(x, y, index_rows, w):
+    acc, out = np.zeros(x.shape[1]), np.empty(x.shape[1])
+    for k in range(index_rows.shape[0]):
+        idx = index_rows[k]
+        r = residuals(x, y, idx, w)
+        g = np.empty((idx.shape[0], x.shape[1]))
+        s1, s2 = np.zeros(x.shape[1]), np.zeros(x.shape[1])
+        for i in range(g.shape[0]):
+            source = x[idx[i]]
+            for j in range(g.shape[1]):
+                v = source[j] * r[i]
+                g[i, j] = v
+                s1[j] += v
+                s2[j] += v * v
+        _centred_gram(g, s1 / idx.shape[0], w, out)
+        acc += out + s2
+    return acc
+
+
+def per_observation_rows(rng) -> list[str]:
+    x, y = rng.standard_normal((N_OBS, DIM)), rng.standard_normal(N_OBS)
+    w = 0.1 * rng.standard_normal(DIM)
+    index_rows = rng.integers(0, N_OBS, (2_000, BATCH))
+    assert np.allclose(step_with_copy(x, y, index_rows[:3], w), step_fused(x, y, index_rows[:3], w))
+    runs = {
+        label: lambda calls, f=step: f(x, y, index_rows[:calls], w)
+        for label, step in (
+            ("rows copied out of the data, then G (PyTensor's graph)", step_with_copy),
+            ("the copy fused into the loop that writes G", step_fused),
+        )
+    }
+    return [f"| {label} | {us:.2f} |" for label, us in alternated_us(runs, 2_000).items()]
+
+
+# ---------------------------------------------------------------- 4. CG iterations
+def cg_iterations(a, p, preconditioner=None, tolerance=1e-6, cap=200) -> int:
+    x, r = np.zeros_like(p), p.copy()
+    z = r if preconditioner is None else r / preconditioner
+    d, rz, count = z.copy(), r @ z, 0
+    while np.sqrt(r @ r) > tolerance * np.linalg.norm(p) and count < cap:
+        ad = a @ d
+        count += 1
+        step = rz / (d @ ad)
+        x += step * d
+        r -= step * ad
+        z = r if preconditioner is None else r / preconditioner
+        rz_new = r @ z
+        d, rz = z + rz_new / rz * d, rz_new
+    return count
+
+
+def cg_rows(rng) -> list[str]:
+    problem = GaussianRegression.make(n_obs=N_OBS, dim=DIM, batch_size=BATCH, prior_sd=np.sqrt(10))
+    gradients = problem.per_observation_gradients(problem.mean)
+    rows = []
+    for h in (9.07e-4, 1e-3, 5e-3):
+        lam2 = np.tanh(h / 2)  # friction 1
+        plain, jacobi, conditions = [], [], []
+        for _ in range(20):
+            rows_ = gradients[rng.integers(0, N_OBS, BATCH)]
+            sigma = N_OBS**2 / BATCH * np.cov(rows_.T)  # (N^2 / n) Cov_i g_i
+            a = (1 + lam2) * np.eye(DIM) + h**2 / 4 * sigma
+            p = rng.standard_normal(DIM)
+            plain.append(cg_iterations(a, p))
+            jacobi.append(cg_iterations(a, p, np.diag(a)))
+            eigenvalues = np.linalg.eigvalsh(a)
+            conditions.append(eigenvalues[-1] / eigenvalues[0])
+        rows.append(
+            f"| {h:g} | {lam2:.1e} | {np.mean(conditions):.2f} | {np.mean(plain):.2f} | "
+            f"{np.mean(jacobi):.2f} |"
+        )
+    return rows
+
+
+def main() -> None:
+    output = output_path(__doc__)
+    rng = np.random.default_rng(0)
+    lines = [*header("Pieces of a covariance sampler's step (`benchmarks/product_floor.py`)"), ""]
+    lines += [
+        "## 1. The product Gc^T (Gc w), G of 500 x 100 (µs per call)",
+        "",
+        "| variant | µs | largest error / largest entry |",
+        "| --- | --- | --- |",
+        *product_rows(rng),
+        "",
+        "## 2. SGLD's predictor X[idx] @ w by the fused gather kernel (µs per minibatch)",
+        "",
+        "| rows | µs |",
+        "| --- | --- |",
+        *gather_rows(rng),
+        "",
+        "## 3. Per-observation part of a step: predictor, G and its sums, one product (µs)",
+        "",
+        "| variant | µs |",
+        "| --- | --- |",
+        *per_observation_rows(rng),
+        "",
+        "## 4. NOGIN's conjugate gradients at cg_tolerance = 1e-6 (P1 at its posterior mean)",
+        "",
+        "| h | lambda^2 | condition number | iterations | with a Jacobi preconditioner |",
+        "| --- | --- | --- | --- | --- |",
+        *cg_rows(rng),
+    ]
+    write(lines, output)
+
+
+if __name__ == "__main__":
+    main()
