@@ -12,8 +12,9 @@ variants of a table alternated):
    of P1's (10,000 x 100, 8 MB), against the first 500 rows (400 kB, which the L2 cache
    holds);
 3. a model of the per-observation part of a step (predictor, G with its two column sums,
-   one product), with the rows copied out of the data first, as PyTensor's graph does, and
-   with the copy fused into the loop that writes G;
+   one product). In one variant the loop that writes G reads the rows in place, as PyTensor
+   3's ``FusedElemwise`` does in the samplers' blocks. In the other the rows are first copied
+   out of the data;
 4. conjugate-gradient iterations for NOGIN's system ((1 + l2) I + h^2 Sigma / 4) x = p at
    ``cg_tolerance = 1e-6``, with and without a Jacobi preconditioner, Sigma estimated from
    the minibatch per-observation gradients at P1's posterior mean (20 minibatches each).
@@ -236,8 +237,8 @@ def per_observation_rows(rng) -> list[str]:
     runs = {
         label: lambda calls, f=step: f(x, y, index_rows[:calls], w)
         for label, step in (
-            ("rows copied out of the data, then G (PyTensor's graph)", step_with_copy),
-            ("the copy fused into the loop that writes G", step_fused),
+            ("rows copied out of the data, then G", step_with_copy),
+            ("rows read in place by the loop that writes G (the samplers' blocks)", step_fused),
         )
     }
     return [f"| {label} | {us:.2f} |" for label, us in alternated_us(runs, 2_000).items()]
