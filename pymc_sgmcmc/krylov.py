@@ -52,6 +52,19 @@ from pymc_sgmcmc.gram_product import EXPANSIONS, CentredGramProduct, _centred_gr
 #: The error tolerances of :func:`lanczos_expm`: ||error|| <= u ||v||.
 EXPM_TOLERANCE = {"half": 2.0**-11, "single": 2.0**-24, "double": 2.0**-53}
 
+#: The Lanczos tolerances, and the smallest conjugate-gradient tolerance, at which the
+#: low-rank kernels of a float64 model read the per-observation gradients G as float32
+#: (:meth:`~pymc_sgmcmc.model_layer.Covariance.low_rank_parts`; the sums stay float64).
+#: Rounding G moves each centred entry by at most 2^-24 (|Gc_ij| + |m_j|). Near the posterior
+#: the mean m is small against the spread of the rows, so that is about 1e-7 of Sigma: a
+#: tenth or less of these tolerances, and far below the estimate's own error (about
+#: sqrt(D / n)). The Sigma used is thus a slightly different estimate, applied exactly, as
+#: NOGIN's structure needs. The kernels then read half the bytes per product.
+#: ``benchmarks/covariance_results_cost.md`` has the effect at D = 100 (two alternated runs,
+#: 2026-11-26 03:55 UTC): mCCAdL 40.2-41.3 µs per step against 45.2-45.3 µs, NOGIN (conjugate
+#: gradients) 46.5-47.3 against 50.4-51.6 µs.
+SINGLE_PRECISION_ROWS = {"expm": ("half",), "cg": 1e-6}
+
 
 def inner(x: Variable, y: Variable) -> Variable:
     """x . y of two vectors as an elementwise product and sum, not a ``Dot``.
@@ -237,14 +250,17 @@ def low_rank_matvec(g, mean, columns, gain, shift) -> Callable[[Variable], Varia
 
 
 def _low_rank_inputs(op: Op, values, ndims: list[int]) -> tuple[list[Variable], Variable]:
-    """The inputs of a low-rank kernel, of ``ndims`` dimensions each, as tensors of one dtype,
-    and its vector result's type. The dtype is that of the rows and vectors; the scalars
-    follow it, as they do in the graphs."""
+    """The inputs of a low-rank kernel, of ``ndims`` dimensions each, and its vector result's
+    type. The dtype is that of the rows and vectors; the scalars follow it, as they do in the
+    graphs. Rows in float32 stay float32 in a float64 kernel, which reads them in single
+    precision and sums in double (:data:`SINGLE_PRECISION_ROWS`)."""
     inputs = [as_tensor_variable(x) for x in values]
     if [x.type.ndim for x in inputs] != ndims:
         raise TypeError(f"{type(op).__name__} takes inputs of {ndims} dimensions")
     dtype = upcast(*(x.type.dtype for x in inputs if x.type.ndim))
-    inputs = [x.astype(dtype) for x in inputs]
+    rows, *rest = inputs
+    rows = rows if rows.type.dtype == "float32" else rows.astype(dtype)
+    inputs = [rows, *(x.astype(dtype) for x in rest)]
     dim = next((s for x in inputs[1:] for s in x.type.shape if s), None)
     return inputs, pt.tensor(dtype=dtype, shape=(dim,))
 

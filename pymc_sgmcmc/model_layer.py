@@ -44,6 +44,7 @@ from pytensor.scalar import upcast
 
 from pymc_sgmcmc.gram_product import CentredGramProduct
 from pymc_sgmcmc.krylov import (
+    SINGLE_PRECISION_ROWS,
     LowRankExpm,
     LowRankShiftedSolve,
     conjugate_gradients,
@@ -829,7 +830,8 @@ class Covariance:
         ``iterations`` products and freezes the iterate once converged: the same result."""
         floor = 1e-5 if v.type.dtype == "float32" else 0.0
         tolerance = max(1e-10 if tolerance is None else tolerance, floor)
-        parts = None if fixed_count else self.low_rank_parts()
+        single = tolerance >= SINGLE_PRECISION_ROWS["cg"]
+        parts = None if fixed_count else self.low_rank_parts(single_precision_rows=single)
         if parts is None:
             return conjugate_gradients(
                 lambda x: alpha * x + b * self.matvec(x), v, iterations, tolerance, fixed_count
@@ -853,14 +855,16 @@ class Covariance:
         the arguments are described), in one kernel for the low-rank estimate's forms
         (:class:`~pymc_sgmcmc.krylov.LowRankExpm`; not with ``fixed_count``, for JAX).
         Returns (result, number of Sigma-vector products)."""
-        parts = None if fixed_count else self.low_rank_parts()
+        single = tolerance in SINGLE_PRECISION_ROWS["expm"]
+        parts = None if fixed_count else self.low_rank_parts(single_precision_rows=single)
         if parts is None:
             return lanczos_expm(self.matvec, scale, v, tolerance, max_products, fixed_count)
         return LowRankExpm(tolerance, max_products)(*parts, -pt.as_tensor(scale), v)
 
-    def low_rank_parts(self) -> tuple[Variable, ...] | None:
+    def low_rank_parts(self, single_precision_rows: bool = False) -> tuple[Variable, ...] | None:
         """(G, m, s, c, d) with Sigma x = c s (Gc^T Gc (s x)) + d x, Gc = G - m, for the
-        forms of the low-rank estimate; None for the others."""
+        forms of the low-rank estimate; None for the others. ``single_precision_rows``: G
+        as float32 (:data:`~pymc_sgmcmc.krylov.SINGLE_PRECISION_ROWS`)."""
         return None
 
 
@@ -992,12 +996,14 @@ class NoiseCovariance(Covariance):
         product = CentredGramProduct()(self.gradients, self.mean, self._scaled(v))
         return self.scale * self._scaled(product)
 
-    def low_rank_parts(self):
+    def low_rank_parts(self, single_precision_rows=False):
         if self.is_zero:
             return None
         ones = pt.ones(self.dim, dtype=self.gradients.dtype)
         columns = ones if self.columns is None else self.columns
-        return self.gradients, self.mean, columns, self.scale, pt.zeros_like(ones)
+        # Cast where G is computed, so that the fused loop writing G writes float32.
+        rows = self.gradients.astype("float32") if single_precision_rows else self.gradients
+        return rows, self.mean, columns, self.scale, pt.zeros_like(ones)
 
     def dense(self) -> Variable:
         """Sigma as a D x D matrix (O(n D^2); for small D and for tests)."""
@@ -1113,8 +1119,8 @@ class ShrunkCovariance(Covariance):
     def matvec(self, v):
         return (1.0 - self.intensity) * self.base.matvec(v) + self.level * v
 
-    def low_rank_parts(self):
-        parts = self.base.low_rank_parts()
+    def low_rank_parts(self, single_precision_rows=False):
+        parts = self.base.low_rank_parts(single_precision_rows)
         if parts is None:
             return None
         g, mean, columns, gain, shift = parts

@@ -9,11 +9,17 @@ import scipy.linalg
 from checks import one_chain
 from models import GaussianRegression
 from pytensor.compile.mode import Mode
+from pytensor.scan.op import Scan
 from test_gram_product import op_names
 
 from pymc_sgmcmc import MCCAdL, base
 from pymc_sgmcmc.gram_product import with_covariance_kernels
-from pymc_sgmcmc.krylov import EXPM_TOLERANCE, LowRankExpm, LowRankShiftedSolve
+from pymc_sgmcmc.krylov import (
+    EXPM_TOLERANCE,
+    SINGLE_PRECISION_ROWS,
+    LowRankExpm,
+    LowRankShiftedSolve,
+)
 from pymc_sgmcmc.model_layer import NoiseCovariance
 
 FUSED = with_covariance_kernels("NUMBA")
@@ -121,6 +127,75 @@ def test_kernel_in_single_precision():
     np.testing.assert_allclose(result, expected, rtol=0, atol=100 * scale)
 
 
+def kernel_rows(fgraph) -> list[str]:
+    """The dtypes of the rows that the graph's low-rank kernels read (in loops too)."""
+    dtypes = []
+    for node in fgraph.apply_nodes:
+        if isinstance(node.op, (LowRankExpm, LowRankShiftedSolve)):
+            dtypes.append(node.inputs[0].type.dtype)
+        if isinstance(node.op, Scan):
+            dtypes += kernel_rows(node.op.fgraph)
+    return dtypes
+
+
+def test_float64_kernels_read_float32_rows_only_at_loose_tolerances():
+    # The defaults (Lanczos "half", CG 1e-6, NOGIN's) read G in float32; a tighter request
+    # keeps it in float64. The result stays float64 either way.
+    gradients, v = pt.matrix("G"), pt.vector("v")
+    sigma = NoiseCovariance(gradients, DIM, N_ROWS)
+    assert SINGLE_PRECISION_ROWS == {"expm": ("half",), "cg": 1e-6}
+    cases = [
+        (sigma.expm_matvec(-0.1, v, "half")[0], "float32"),
+        (sigma.expm_matvec(-0.1, v, "single")[0], "float64"),
+        (sigma.solve_shifted_cg(1.3, 0.05, v, tolerance=1e-6), "float32"),
+        (sigma.solve_shifted_cg(1.3, 0.05, v, tolerance=1e-8), "float64"),
+        (sigma.shrunk(0.3).expm_matvec(-0.1, v, "half")[0], "float32"),
+    ]
+    for result, rows in cases:
+        fn = pytensor.function([gradients, v], result, mode=FUSED)
+        assert kernel_rows(fn.maker.fgraph) == [rows]
+        assert fn.maker.fgraph.outputs[0].type.dtype == "float64"
+
+
+@pytest.mark.parametrize("mode", [FUSED, PERFORM], ids=["numba", "perform"])
+def test_float32_rows_are_summed_in_double_precision(mode):
+    # Rows given as float32 to a float64 kernel: exactly the float64 kernel on those rows
+    # widened (the widening is exact), up to the order of the sums; and still within the
+    # Lanczos bound of exp(t Sigma) v for the unrounded Sigma.
+    rng = np.random.default_rng(5)
+    rows, vector, columns = example(rng)
+    g, v = pt.matrix("G", dtype="float32"), pt.vector("v")
+    m, s, d = pt.vector("m"), pt.vector("s"), pt.vector("d")
+    t = pt.scalar("t")
+    result, count = LowRankExpm("half")(g, m, s, 0.7, d, t, v)
+    solved = LowRankShiftedSolve(1e-6, 60)(g, m, s, 0.05, d + 1.3, v)
+    assert result.type.dtype == solved.type.dtype == "float64"
+    fn = pytensor.function([g, m, s, d, t, v], [result, count, solved], mode=mode)
+    wide = pytensor.function(
+        [g, m, s, d, t, v],
+        [
+            *LowRankExpm("half")(g.astype("float64"), m, s, 0.7, d, t, v),
+            LowRankShiftedSolve(1e-6, 60)(g.astype("float64"), m, s, 0.05, d + 1.3, v),
+        ],
+        mode=mode,
+    )
+    mean, shift = rows.mean(0), rng.uniform(0.0, 0.5, DIM)
+    centred = columns * (rows - mean)
+    dense = 0.7 * centred.T @ centred + np.diag(shift)
+    t_value = 0.4 / np.linalg.eigvalsh(dense).max()  # the kernel's t: exp(-t Sigma) v
+    args = (rows.astype(np.float32), mean, columns, shift, t_value, vector)
+    single, products, solution = fn(*args)
+    expected, expected_products, expected_solution = wide(*args)
+    assert products == expected_products
+    np.testing.assert_allclose(single, expected, rtol=0, atol=1e-13)
+    np.testing.assert_allclose(solution, expected_solution, rtol=0, atol=1e-13)
+    exact = scipy.linalg.expm(-t_value * dense) @ vector
+    assert np.linalg.norm(single - exact) <= EXPM_TOLERANCE["half"] * np.linalg.norm(vector)
+    system = np.diag(1.3 + shift) + 0.05 * centred.T @ centred
+    residual = np.linalg.norm(system @ solution - vector) / np.linalg.norm(vector)
+    assert residual <= 2e-6  # the tolerance, plus the rows' rounding (about 1e-7)
+
+
 @pytest.mark.parametrize("mode", [FUSED, PERFORM], ids=["numba", "perform"])
 def test_zero_vector_gives_zero_after_one_product(mode):
     gradients, v = pt.matrix("G"), pt.vector("v")
@@ -170,7 +245,9 @@ def test_mccadl_chain_is_the_same_with_and_without_the_fused_kernels(monkeypatch
 
     kernels = {"CentredGramProduct", "LowRankExpm"}
     step, fused = draws()
-    assert "LowRankExpm" in op_names(step._block_function()[0].maker.fgraph)  # runs the other
+    block = step._block_function()[0].maker.fgraph
+    assert "LowRankExpm" in op_names(block)  # runs the other
+    assert kernel_rows(block) == ["float32"]  # at the default tolerance, "half"
     monkeypatch.setattr(base, "with_covariance_kernels", lambda mode: mode)
     step, plain = draws()
     assert not kernels & op_names(step._block_function()[0].maker.fgraph)
