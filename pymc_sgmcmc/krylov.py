@@ -19,7 +19,8 @@ NOGIN's damping solve by :func:`conjugate_gradients` gets the same treatment
 (:class:`LowRankShiftedSolve`). In the compiled blocks at D = 100 that took mCCAdL from 3.35
 to 2.86 times SGLD's time per step and NOGIN with conjugate gradients from 3.75 to 3.29
 (``benchmarks/covariance_results_cost.md``), and 8 s off mCCAdL's cold compile, which no
-longer has a loop nested in the block's.
+longer has a loop nested in the block's. At the default tolerances the kernels read the rows
+in float32 (:data:`SINGLE_PRECISION_ROWS`): 2.60 and 3.01.
 
 As with the Gram product, only the numba backend has the kernels; the rewrite
 ``expand_krylov_kernels`` builds the loop graphs in their place for the others, and
@@ -54,15 +55,15 @@ EXPM_TOLERANCE = {"half": 2.0**-11, "single": 2.0**-24, "double": 2.0**-53}
 
 #: The Lanczos tolerances, and the smallest conjugate-gradient tolerance, at which the
 #: low-rank kernels of a float64 model read the per-observation gradients G as float32
-#: (:meth:`~pymc_sgmcmc.model_layer.Covariance.low_rank_parts`; the sums stay float64).
-#: Rounding G moves each centred entry by at most 2^-24 (|Gc_ij| + |m_j|). Near the posterior
-#: the mean m is small against the spread of the rows, so that is about 1e-7 of Sigma: a
-#: tenth or less of these tolerances, and far below the estimate's own error (about
+#: (``model_layer.Covariance.low_rank_parts``; the sums stay float64).
+#: Rounding G moves each centred entry by at most 2^-24 (abs(Gc_ij) + abs(m_j)). Near the
+#: posterior the mean m is small against the spread of the rows, so that is about 1e-7 of
+#: Sigma: a tenth or less of these tolerances, and far below the estimate's own error (about
 #: sqrt(D / n)). The Sigma used is thus a slightly different estimate, applied exactly, as
-#: NOGIN's structure needs. The kernels then read half the bytes per product.
-#: ``benchmarks/covariance_results_cost.md`` has the effect at D = 100 (two alternated runs,
-#: 2026-11-26 03:55 UTC): mCCAdL 40.2-41.3 µs per step against 45.2-45.3 µs, NOGIN (conjugate
-#: gradients) 46.5-47.3 against 50.4-51.6 µs.
+#: NOGIN's structure needs. The kernels then read half the bytes per product
+#: (``benchmarks/covariance_results_cost.md``, 2026-11-26 03:54 UTC, against 01:37 UTC):
+#: mCCAdL 2.60 instead of 2.86 times SGLD's step at D = 100 and 1.64 instead of 1.96 at
+#: D = 1,000, NOGIN with conjugate gradients 3.01 instead of 3.29 and 1.79 instead of 2.22.
 SINGLE_PRECISION_ROWS = {"expm": ("half",), "cg": 1e-6}
 
 
