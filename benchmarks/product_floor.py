@@ -186,26 +186,34 @@ def residuals(x, y, idx, w):
 
 
 @numba.njit(fastmath=True)
+def gradients_and_product(source, rows, r, w, out):
+    """G = r * source[rows] with its column sums and sums of squares, then one product with
+    G; returns the product plus the sums of squares (so that nothing is optimised away)."""
+    g = np.empty((rows.shape[0], source.shape[1]))
+    s1, s2 = np.zeros(source.shape[1]), np.zeros(source.shape[1])
+    for i in range(g.shape[0]):
+        row = source[rows[i]]
+        for j in range(g.shape[1]):
+            v = row[j] * r[i]
+            g[i, j] = v
+            s1[j] += v
+            s2[j] += v * v
+    _centred_gram(g, s1 / rows.shape[0], w, out)
+    return out + s2
+
+
+@numba.njit(fastmath=True)
 def step_with_copy(x, y, index_rows, w):
     acc, out = np.zeros(x.shape[1]), np.empty(x.shape[1])
     for k in range(index_rows.shape[0]):
         idx = index_rows[k]
         r = residuals(x, y, idx, w)
-        rows = np.empty((idx.shape[0], x.shape[1]))
+        copied = np.empty((idx.shape[0], x.shape[1]))
         for i in range(idx.shape[0]):
-            source = x[idx[i]]
-            for j in range(x.shape[1]):
-                rows[i, j] = source[j]
-        g = np.empty((idx.shape[0], x.shape[1]))
-        s1, s2 = np.zeros(x.shape[1]), np.zeros(x.shape[1])
-        for i in range(g.shape[0]):
-            for j in range(g.shape[1]):
-                v = rows[i, j] * r[i]
-                g[i, j] = v
-                s1[j] += v
-                s2[j] += v * v
-        _centred_gram(g, s1 / idx.shape[0], w, out)
-        acc += out + s2
+            row = x[idx[i]]
+            for j in range(x.shape[1]):  # not copied[i] = row: numba's slice copy is slower
+                copied[i, j] = row[j]
+        acc += gradients_and_product(copied, np.arange(idx.shape[0]), r, w, out)
     return acc
 
 
@@ -214,18 +222,7 @@ def step_fused(x, y, index_rows, w):
     acc, out = np.zeros(x.shape[1]), np.empty(x.shape[1])
     for k in range(index_rows.shape[0]):
         idx = index_rows[k]
-        r = residuals(x, y, idx, w)
-        g = np.empty((idx.shape[0], x.shape[1]))
-        s1, s2 = np.zeros(x.shape[1]), np.zeros(x.shape[1])
-        for i in range(g.shape[0]):
-            source = x[idx[i]]
-            for j in range(g.shape[1]):
-                v = source[j] * r[i]
-                g[i, j] = v
-                s1[j] += v
-                s2[j] += v * v
-        _centred_gram(g, s1 / idx.shape[0], w, out)
-        acc += out + s2
+        acc += gradients_and_product(x, idx, residuals(x, y, idx, w), w, out)
     return acc
 
 
