@@ -49,6 +49,7 @@ from pymc_sgmcmc.krylov import (
     LowRankShiftedSolve,
     conjugate_gradients,
     lanczos_expm,
+    low_rank_matvec,
 )
 from pymc_sgmcmc.numba_compile import deterministic_fastmath
 
@@ -831,16 +832,20 @@ class Covariance:
         floor = 1e-5 if v.type.dtype == "float32" else 0.0
         tolerance = max(1e-10 if tolerance is None else tolerance, floor)
         single = tolerance >= SINGLE_PRECISION_ROWS["cg"]
-        parts = None if fixed_count else self.low_rank_parts(single_precision_rows=single)
+        parts = self.low_rank_parts(single_precision_rows=single)
         if parts is None:
             return conjugate_gradients(
                 lambda x: alpha * x + b * self.matvec(x), v, iterations, tolerance, fixed_count
             )
-        # alpha I + b (c S Gc^T Gc S + d) in one kernel (:mod:`pymc_sgmcmc.krylov`).
+        # alpha I + b (c S Gc^T Gc S + d): in one kernel (:mod:`pymc_sgmcmc.krylov`), or for
+        # JAX as the loop graph on the same operator (the same rows, float32 or not).
         g, mean, columns, gain, shift = parts
-        return LowRankShiftedSolve(tolerance, iterations)(
-            g, mean, columns, b * gain, alpha + b * shift, v
-        )
+        operator = (g, mean, columns, b * gain, alpha + b * shift)
+        if fixed_count:
+            return conjugate_gradients(
+                low_rank_matvec(*operator), v, iterations, tolerance, fixed_count
+            )
+        return LowRankShiftedSolve(tolerance, iterations)(*operator, v)
 
     def expm_matvec(
         self,
@@ -856,9 +861,10 @@ class Covariance:
         (:class:`~pymc_sgmcmc.krylov.LowRankExpm`; not with ``fixed_count``, for JAX).
         Returns (result, number of Sigma-vector products)."""
         single = tolerance in SINGLE_PRECISION_ROWS["expm"]
-        parts = None if fixed_count else self.low_rank_parts(single_precision_rows=single)
-        if parts is None:
-            return lanczos_expm(self.matvec, scale, v, tolerance, max_products, fixed_count)
+        parts = self.low_rank_parts(single_precision_rows=single)
+        if parts is None or fixed_count:  # JAX: the loop graph, on the kernel's operator
+            matvec = self.matvec if parts is None else low_rank_matvec(*parts)
+            return lanczos_expm(matvec, scale, v, tolerance, max_products, fixed_count)
         return LowRankExpm(tolerance, max_products)(*parts, -pt.as_tensor(scale), v)
 
     def low_rank_parts(self, single_precision_rows: bool = False) -> tuple[Variable, ...] | None:
