@@ -69,9 +69,7 @@ def alternated_us(runs: dict[str, Callable[[int], object]], calls: int) -> dict[
 @numba.njit(fastmath=True)
 def gram_eight_rows(g, mean, w, out):
     n, d = g.shape
-    c = 0.0
-    for j in range(d):
-        c += mean[j] * w[j]
+    c = np.sum(mean * w)
     out[:] = 0
     s = np.empty(8)
     i = 0
@@ -99,10 +97,7 @@ def gram_eight_rows(g, mean, w, out):
 @numba.njit(fastmath=True)
 def gram_transposed(gt, mean, w, out):
     d, n = gt.shape
-    c = 0.0
-    for j in range(d):
-        c += mean[j] * w[j]
-    u = np.full(n, -c)
+    u = np.full(n, -np.sum(mean * w))
     for j in range(d):
         for i in range(n):
             u[i] += gt[j, i] * w[j]
