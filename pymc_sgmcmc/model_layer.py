@@ -834,18 +834,19 @@ class Covariance:
         single = tolerance >= SINGLE_PRECISION_ROWS["cg"]
         parts = self.low_rank_parts(single_precision_rows=single)
         if parts is None:
-            return conjugate_gradients(
-                lambda x: alpha * x + b * self.matvec(x), v, iterations, tolerance, fixed_count
-            )
-        # alpha I + b (c S Gc^T Gc S + d): in one kernel (:mod:`pymc_sgmcmc.krylov`), or for
-        # JAX as the loop graph on the same operator (the same rows, float32 or not).
-        g, mean, columns, gain, shift = parts
-        operator = (g, mean, columns, b * gain, alpha + b * shift)
-        if fixed_count:
-            return conjugate_gradients(
-                low_rank_matvec(*operator), v, iterations, tolerance, fixed_count
-            )
-        return LowRankShiftedSolve(tolerance, iterations)(*operator, v)
+
+            def apply(x):
+                return alpha * x + b * self.matvec(x)
+
+        else:
+            # alpha I + b (c S Gc^T Gc S + d): in one kernel (:mod:`pymc_sgmcmc.krylov`), or
+            # for JAX as the loop graph on the same operator (the same rows, float32 or not).
+            g, mean, columns, gain, shift = parts
+            operator = (g, mean, columns, b * gain, alpha + b * shift)
+            if not fixed_count:
+                return LowRankShiftedSolve(tolerance, iterations)(*operator, v)
+            apply = low_rank_matvec(*operator)
+        return conjugate_gradients(apply, v, iterations, tolerance, fixed_count)
 
     def expm_matvec(
         self,
