@@ -85,6 +85,9 @@ class Step(NamedTuple):
     state: dict  # carried to the next step
     draw: TensorVariable  # the position stored for this step
     stats: dict  # sampler-specific scalar stats
+    # Stats that cost a pass over the minibatch and that the step does not otherwise need:
+    # computed only at the steps whose stats the host reads (a lazy branch, as the log-density).
+    draw_stats: dict | None = None
 
 
 #: Tuning draws at which the geometry is measured to choose a step size.
@@ -596,7 +599,8 @@ class SGMCMC(ArrayStepShared):
             noise_t, h_t, active_t, logp_t = args[n_all : n_all + 4]
             state = dict(zip(names, args[n_all + 4 :], strict=True))
             step = self.integrate(state, idx_t, noise_t, h_t, **noise_idx)
-            stat_names[:] = list(step.stats)
+            draw_stats = step.draw_stats or {}
+            stat_names[:] = [*step.stats, *draw_stats]
             new = [step.state[n] for n in names]
             draw = self.target.position(step.draw)
             # A matrix state (a moving average of Sigma, a damping matrix made from it) enters
@@ -607,19 +611,21 @@ class SGMCMC(ArrayStepShared):
             sane = pt.all([pt.all(pt.isfinite(v)) for v in [*checked, draw]]) & (
                 pt.max(pt.abs(draw)) < self.divergence_threshold
             )
-            # The minibatch log-density only at the steps the host reads it at
-            # (:meth:`_logp_steps`), with the step's minibatch: a lazy branch, so the other
-            # steps skip it. Computed in every step it cost as much as the rest of a
+            # The minibatch log-density, and the step's draw stats, only at the steps the host
+            # reads them at (:meth:`_logp_steps`), with the step's minibatch: a lazy branch, so
+            # the other steps skip it. Computed in every step it cost as much as the rest of a
             # logistic-regression step (an exp and a log1p per row, which the gradient does
             # not need); a second scan over those steps cost ~2 s of a cold compile.
             # Recorded in float64, also for a float32 model: JAX computes its minibatch sums in
             # float64 (``jax_compile``), and both branches must have one type.
             logp = self.sg_model.logp_at(draw, logp_idx_t).astype("float64")
-            logp = ifelse(logp_t, logp, pt.constant(np.nan, dtype="float64"))
+            wanted = [logp, *(pt.as_tensor(v).astype("float64") for v in draw_stats.values())]
+            nan = pt.constant(np.nan, dtype="float64")
+            logp, *draw_values = ifelse(logp_t, wanted, [nan] * len(wanted))
             # Only the state is masked: the traced outputs of inactive steps are discarded.
             new = [pt.switch(active_t, v, state[n]) for n, v in zip(names, new, strict=True)]
             stat_values = [pt.as_tensor(v).astype("float64") for v in step.stats.values()]
-            outputs = [*new, draw, sane, logp, *stat_values]
+            outputs = [*new, draw, sane, logp, *stat_values, *draw_values]
             return outputs if self.static_shapes else (outputs, until(~active_t))
 
         n_stats = len(self._integrator_stat_names())

@@ -67,6 +67,14 @@ EXPM_TOLERANCE = {"half": 2.0**-11, "single": 2.0**-24, "double": 2.0**-53}
 SINGLE_PRECISION_ROWS = {"expm": ("half",), "cg": 1e-6}
 
 
+def reads_single_precision_rows(method: str, tolerance: str | float) -> bool:
+    """Whether the low-rank kernels read G in float32 for ``method`` ("expm": Lanczos, whose
+    tolerance is a name; "cg": conjugate gradients, a relative residual) at ``tolerance``."""
+    if method == "expm":
+        return tolerance in SINGLE_PRECISION_ROWS["expm"]
+    return tolerance >= SINGLE_PRECISION_ROWS["cg"]
+
+
 def inner(x: Variable, y: Variable) -> Variable:
     """x . y of two vectors as an elementwise product and sum, not a ``Dot``.
 

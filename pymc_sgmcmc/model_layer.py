@@ -44,12 +44,12 @@ from pytensor.scalar import upcast
 
 from pymc_sgmcmc.gram_product import CentredGramProduct
 from pymc_sgmcmc.krylov import (
-    SINGLE_PRECISION_ROWS,
     LowRankExpm,
     LowRankShiftedSolve,
     conjugate_gradients,
     lanczos_expm,
     low_rank_matvec,
+    reads_single_precision_rows,
 )
 from pymc_sgmcmc.numba_compile import deterministic_fastmath
 
@@ -783,7 +783,11 @@ class Covariance:
     def matvec(self, v: Variable) -> Variable:
         raise NotImplementedError
 
-    def trace(self) -> Variable:
+    def trace(self, single_precision_rows: bool = False) -> Variable:
+        """tr Sigma. ``single_precision_rows``: of the low-rank estimate's forms, from G
+        rounded to float32 as the Krylov kernels read it with that flag (``low_rank_parts``),
+        so that a graph computing it apart from the step reads the float32 rows the step
+        wrote instead of keeping a float64 copy of G; the other forms ignore it."""
         raise NotImplementedError
 
     def diagonal(self) -> Variable:
@@ -831,7 +835,7 @@ class Covariance:
         ``iterations`` products and freezes the iterate once converged: the same result."""
         floor = 1e-5 if v.type.dtype == "float32" else 0.0
         tolerance = max(1e-10 if tolerance is None else tolerance, floor)
-        single = tolerance >= SINGLE_PRECISION_ROWS["cg"]
+        single = reads_single_precision_rows("cg", tolerance)
         parts = self.low_rank_parts(single_precision_rows=single)
         if parts is None:
 
@@ -861,7 +865,7 @@ class Covariance:
         the arguments are described), in one kernel for the low-rank estimate's forms
         (:class:`~pymc_sgmcmc.krylov.LowRankExpm`; not with ``fixed_count``, for JAX).
         Returns (result, number of Sigma-vector products)."""
-        single = tolerance in SINGLE_PRECISION_ROWS["expm"]
+        single = reads_single_precision_rows("expm", tolerance)
         parts = self.low_rank_parts(single_precision_rows=single)
         if parts is None or fixed_count:  # JAX: the loop graph, on the kernel's operator
             matvec = self.matvec if parts is None else low_rank_matvec(*parts)
@@ -885,7 +889,7 @@ class DenseCovariance(Covariance):
     def matvec(self, v):
         return self.matrix @ v
 
-    def trace(self):
+    def trace(self, single_precision_rows=False):
         return pt.trace(self.matrix)
 
     def diagonal(self):
@@ -920,7 +924,7 @@ class DiagonalCovariance(Covariance):
     def matvec(self, v):
         return self.diag * v
 
-    def trace(self):
+    def trace(self, single_precision_rows=False):
         return pt.sum(self.diag)
 
     def diagonal(self):
@@ -1019,16 +1023,17 @@ class NoiseCovariance(Covariance):
         centred = self.centred
         return self.scale * pt.dot(centred.T, centred)
 
-    def trace(self) -> Variable:
+    def trace(self, single_precision_rows=False) -> Variable:
         if self.is_zero:
             return pt.constant(0.0)
-        return pt.sum(self.diagonal())
+        return pt.sum(self.diagonal(single_precision_rows))
 
-    def diagonal(self) -> Variable:
+    def diagonal(self, single_precision_rows: bool = False) -> Variable:
         if self.is_zero:
             return pt.zeros(self.dim)
+        (rows, *_) = self.low_rank_parts(single_precision_rows)
         n = self.gradients.shape[0].astype(self.gradients.dtype)
-        squares = pt.sum(self.gradients**2, axis=0) - n * self.mean**2
+        squares = pt.sum(rows.astype(self.gradients.dtype) ** 2, axis=0) - n * self.mean**2
         # Rounding can leave a tiny negative variance where a column is (nearly) constant.
         return self.scale * self._scaled(self._scaled(pt.maximum(squares, 0.0)))
 
@@ -1134,8 +1139,13 @@ class ShrunkCovariance(Covariance):
         keep = 1.0 - self.intensity
         return g, mean, columns, keep * gain, keep * shift + self.level
 
-    def trace(self):
-        return self.base.trace()
+    def trace(self, single_precision_rows=False):
+        if not single_precision_rows:
+            return self.base.trace()  # (1 - rho) tr S + rho tr T, and tr T = tr S
+        # (1 - rho) tr S for the rows the kernels read, plus the target's share, whose trace
+        # is that of S itself.
+        rho = self.intensity
+        return (1.0 - rho) * self.base.trace(True) + rho * self.base.trace()
 
     def diagonal(self):
         return (1.0 - self.intensity) * self.base.diagonal() + self.level

@@ -277,6 +277,31 @@ def test_shrunk_covariance_operations_match_dense(n_rows, dim):
         np.testing.assert_allclose(me, eigvals.min(), rtol=1e-9)
 
 
+@pytest.mark.parametrize("target", [None, "identity", "diagonal"])
+def test_trace_from_single_precision_rows_is_that_of_the_rounded_rows(target):
+    # trace(single_precision_rows=True) reads G rounded to float32, as the Krylov kernels do,
+    # and sums in float64: n / (n - 1) (sum of the rounded rows' squares - n |m|^2) with m
+    # the float64 mean, as the float64 trace is computed from G, shrunk as usual (the
+    # target's share from the float64 rows). About 1e-7 from the float64 trace.
+    rng = np.random.default_rng(8)
+    n_rows, dim, rho = 50, 7, 0.3
+    g = rng.standard_normal((n_rows, dim)) + 0.5
+    G = pt.matrix("G")
+    cov = NoiseCovariance(G, dim, n_rows)
+    if target is not None:
+        cov = cov.shrunk(rho, target)
+    fn = pytensor.function([G], [cov.trace(), cov.trace(single_precision_rows=True)])
+    exact, single = fn(g)
+    rounded = g.astype(np.float32).astype(np.float64)
+    squares = np.sum(rounded**2) - n_rows * np.sum(g.mean(0) ** 2)
+    rounded_trace = n_rows / (n_rows - 1) * squares
+    if target is not None:
+        rounded_trace = (1 - rho) * rounded_trace + rho * np.trace(sample_covariance(g))
+    np.testing.assert_allclose(exact, np.trace(sample_covariance(g)), rtol=1e-12)
+    np.testing.assert_allclose(single, rounded_trace, rtol=1e-12)
+    assert single != exact and abs(single / exact - 1) < 1e-6
+
+
 def test_dense_functions_of_sigma_match_scipy():
     # The damping operators a periodic average makes: exp(t Sigma) for mCCAdL's C step and
     # (alpha I + b Sigma)^{-1} for NOGIN's O step, as D x D matrices and as diagonals.

@@ -8,7 +8,7 @@ import numpy as np
 import pytensor.tensor as pt
 
 from pymc_sgmcmc.base import SGMCMC, Step, Thermostatted, positive
-from pymc_sgmcmc.krylov import EXPM_TOLERANCE
+from pymc_sgmcmc.krylov import EXPM_TOLERANCE, reads_single_precision_rows
 from pymc_sgmcmc.operators import (
     damping,
     drift,
@@ -156,7 +156,9 @@ class MCCAdL(Thermostatted):
         :math:`\xi` at the draw.
     noise_trace : float
         :math:`\operatorname{tr}\Sigma` at the draw's force evaluation (of the moving average
-        with ``averaging``).
+        with ``averaging``). Computed at the stored steps only, from the rows the low-rank
+        kernels read: float32 at the default tolerance, about 1e-7 relative
+        (:data:`~pymc_sgmcmc.krylov.SINGLE_PRECISION_ROWS`).
     expm_products : int
         :math:`\Sigma`-vector products (Lanczos iterations) of the C step that followed the
         draw (0 with a diagonal :math:`\Sigma` or a periodically updated average, whose
@@ -261,8 +263,10 @@ class MCCAdL(Thermostatted):
         stats = {
             "kinetic_temperature": kinetic_temperature(p_draw),
             "thermostat": xi,
-            "noise_trace": sigma.trace(),
             "expm_products": products,
         }
         new = {"theta": theta_new, "momentum": p, "thermostat": xi_new, **average}
-        return Step(new, theta, stats)
+        # tr Sigma only at the draws, from the rows the C step read: computed with the force,
+        # in the loop that writes G, it cost every step a pass (about 5 % of it at D = 100).
+        single = reads_single_precision_rows("expm", self.expm_tolerance)
+        return Step(new, theta, stats, draw_stats={"noise_trace": sigma.trace(single)})

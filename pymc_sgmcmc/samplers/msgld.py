@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytensor.tensor as pt
 
-from pymc_sgmcmc.base import SGMCMC
+from pymc_sgmcmc.base import SGMCMC, Step
 from pymc_sgmcmc.samplers.sgld import langevin_relaxation_steps, langevin_step_size
 
 __all__ = ["MSGLD"]
@@ -71,15 +71,14 @@ class MSGLD(SGMCMC):
         self._set_step_size(step_size)
         super().__init__(vars, **kwargs)
 
-    def evaluate(self, theta, indices, noise, h):
+    def _evaluated(self, theta, indices, noise):
         # Sigma R is prepared where Sigma is known, for the next step's noise.
         force, sigma = self.target.force_and_noise(theta, indices)
-        return {
-            "force": force,
-            "noise": noise[0],
-            "sigma_noise": sigma.matvec(noise[0]),
-            "noise_trace": sigma.trace(),
-        }
+        evaluated = {"force": force, "noise": noise[0], "sigma_noise": sigma.matvec(noise[0])}
+        return evaluated, sigma
+
+    def evaluate(self, theta, indices, noise, h):
+        return self._evaluated(theta, indices, noise)[0]
 
     def stable_step_size(self, curvature: float) -> float:
         # theta <- (I - eps H / 2) theta is stable for eps * lambda_max < 4; suggest half.
@@ -94,5 +93,6 @@ class MSGLD(SGMCMC):
     def integrate(self, state, indices, noise, h):
         shrunk_noise = state["noise"] - (h / 8.0) * state["sigma_noise"]
         theta = state["theta"] + 0.5 * h * state["force"] + pt.sqrt(h) * shrunk_noise
-        new = {"theta": theta, **self.evaluate(theta, indices, noise, h)}
-        return self.carried(new, {"noise_trace": new["noise_trace"]})
+        evaluated, sigma = self._evaluated(theta, indices, noise)
+        # tr Sigma only at the draws: with the force, it cost every step a pass over G.
+        return Step({"theta": theta, **evaluated}, theta, {}, {"noise_trace": sigma.trace()})

@@ -8,6 +8,7 @@ import numpy as np
 import pytensor.tensor as pt
 
 from pymc_sgmcmc.base import SGMCMC, Step, positive
+from pymc_sgmcmc.krylov import reads_single_precision_rows
 from pymc_sgmcmc.operators import damping, drift, kick, kinetic_temperature
 
 #: Largest min(D, n) for which ``solver="auto"`` forms the D x D (or n x n) system: above it,
@@ -155,7 +156,9 @@ class NOGIN(SGMCMC):
         :math:`p^\top p / D` at the end of the step.
     noise_trace : float
         :math:`\operatorname{tr}\Sigma` used in the step's damping (of the moving average
-        with ``averaging``).
+        with ``averaging``). Computed at the stored steps only, from the rows the low-rank
+        kernels read: float32 at the default tolerance, about 1e-7 relative
+        (:data:`~pymc_sgmcmc.krylov.SINGLE_PRECISION_ROWS`).
     noise_shrinkage : float
         The shrinkage intensity :math:`\rho` in use (0 for the paper's estimate).
     """
@@ -272,8 +275,8 @@ class NOGIN(SGMCMC):
         p = self._damp(sigma, p, lam2, h, inverse)  # O, damped by Sigma
         p = kick(p, force, h / 2.0) + lam * r  # B(h/2) + the same noise
         theta = drift(theta, p, h / 2.0)  # A(h/2)
-        stats = {
-            "kinetic_temperature": kinetic_temperature(p),
-            "noise_trace": sigma.trace(),
-        }
-        return Step({"theta": theta, "momentum": p, **average}, theta, stats)
+        stats = {"kinetic_temperature": kinetic_temperature(p)}
+        new = {"theta": theta, "momentum": p, **average}
+        # tr Sigma only at the draws, from the rows the damping read (see MCCAdL.integrate).
+        single = self._solver() == "cg" and reads_single_precision_rows("cg", self.cg_tolerance)
+        return Step(new, theta, stats, draw_stats={"noise_trace": sigma.trace(single)})
