@@ -780,14 +780,16 @@ class Covariance:
 
     dim: int
 
-    def matvec(self, v: Variable) -> Variable:
+    def matvec(self, v: Variable, single_precision_rows: bool = False) -> Variable:
+        """Sigma v. ``single_precision_rows``: of the low-rank estimate's forms, from G rounded
+        to float32 (summed in float64), as :meth:`low_rank_parts` gives it; the other forms
+        ignore it."""
         raise NotImplementedError
 
     def trace(self, single_precision_rows: bool = False) -> Variable:
-        """tr Sigma. ``single_precision_rows``: of the low-rank estimate's forms, from G
-        rounded to float32 as the Krylov kernels read it with that flag (``low_rank_parts``),
-        so that a graph computing it apart from the step reads the float32 rows the step
-        wrote instead of keeping a float64 copy of G; the other forms ignore it."""
+        """tr Sigma. ``single_precision_rows`` as for :meth:`matvec`: a graph computing the
+        trace apart from the step (a stat of the stored steps) then reads the float32 rows the
+        step wrote for its products, instead of keeping a float64 copy of G."""
         raise NotImplementedError
 
     def diagonal(self) -> Variable:
@@ -886,7 +888,7 @@ class DenseCovariance(Covariance):
         self.matrix = matrix
         self.dim = dim
 
-    def matvec(self, v):
+    def matvec(self, v, single_precision_rows=False):
         return self.matrix @ v
 
     def trace(self, single_precision_rows=False):
@@ -921,7 +923,7 @@ class DiagonalCovariance(Covariance):
         self.diag = diagonal
         self.dim = dim
 
-    def matvec(self, v):
+    def matvec(self, v, single_precision_rows=False):
         return self.diag * v
 
     def trace(self, single_precision_rows=False):
@@ -999,12 +1001,13 @@ class NoiseCovariance(Covariance):
         """S Gc as an n x D matrix, for the O(n D^2) paths only."""
         return self._scaled(self.gradients - self.mean)
 
-    def matvec(self, v: Variable) -> Variable:
+    def matvec(self, v: Variable, single_precision_rows: bool = False) -> Variable:
         """Sigma v, O(nD)."""
         if self.is_zero:
             return pt.zeros_like(v)
+        (rows, *_) = self.low_rank_parts(single_precision_rows)
         # G^T (G w - m . w) in one pass over the rows (:mod:`pymc_sgmcmc.gram_product`).
-        product = CentredGramProduct()(self.gradients, self.mean, self._scaled(v))
+        product = CentredGramProduct()(rows, self.mean, self._scaled(v))
         return self.scale * self._scaled(product)
 
     def low_rank_parts(self, single_precision_rows=False):
@@ -1128,8 +1131,9 @@ class ShrunkCovariance(Covariance):
         else:
             self.level = self.intensity * base.diagonal()
 
-    def matvec(self, v):
-        return (1.0 - self.intensity) * self.base.matvec(v) + self.level * v
+    def matvec(self, v, single_precision_rows=False):
+        base = self.base.matvec(v, single_precision_rows)
+        return (1.0 - self.intensity) * base + self.level * v
 
     def low_rank_parts(self, single_precision_rows=False):
         parts = self.base.low_rank_parts(single_precision_rows)

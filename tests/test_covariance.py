@@ -278,28 +278,40 @@ def test_shrunk_covariance_operations_match_dense(n_rows, dim):
 
 
 @pytest.mark.parametrize("target", [None, "identity", "diagonal"])
-def test_trace_from_single_precision_rows_is_that_of_the_rounded_rows(target):
-    # trace(single_precision_rows=True) reads G rounded to float32, as the Krylov kernels do,
-    # and sums in float64: n / (n - 1) (sum of the rounded rows' squares - n |m|^2) with m
-    # the float64 mean, as the float64 trace is computed from G, shrunk as usual (the
-    # target's share from the float64 rows). About 1e-7 from the float64 trace.
+def test_products_and_trace_from_single_precision_rows_are_those_of_the_rounded_rows(target):
+    # matvec and trace with single_precision_rows=True read G rounded to float32, as the
+    # Krylov kernels do, and sum in float64, with the float64 mean m: the product is
+    # n / (n - 1) G^T (G v - m . v) of the rounded rows, the trace n / (n - 1) (sum of their
+    # squares - n |m|^2), as the float64 ones are computed from G; shrunk as usual (the
+    # target from the float64 rows). About 1e-7 from the float64 results.
     rng = np.random.default_rng(8)
     n_rows, dim, rho = 50, 7, 0.3
-    g = rng.standard_normal((n_rows, dim)) + 0.5
-    G = pt.matrix("G")
+    g, vec = rng.standard_normal((n_rows, dim)) + 0.5, rng.standard_normal(dim)
+    G, v = pt.matrix("G"), pt.vector("v")
     cov = NoiseCovariance(G, dim, n_rows)
     if target is not None:
         cov = cov.shrunk(rho, target)
-    fn = pytensor.function([G], [cov.trace(), cov.trace(single_precision_rows=True)])
-    exact, single = fn(g)
+    fn = pytensor.function(
+        [G, v],
+        [cov.matvec(v), cov.trace(), cov.matvec(v, True), cov.trace(single_precision_rows=True)],
+    )
+    exact_mv, exact_tr, single_mv, single_tr = fn(g, vec)
+    sigma = sample_covariance(g)
     rounded = g.astype(np.float32).astype(np.float64)
+    centred = rounded - g.mean(0)
+    rounded_mv = n_rows / (n_rows - 1) * rounded.T @ (centred @ vec)
     squares = np.sum(rounded**2) - n_rows * np.sum(g.mean(0) ** 2)
-    rounded_trace = n_rows / (n_rows - 1) * squares
+    rounded_tr = n_rows / (n_rows - 1) * squares
     if target is not None:
-        rounded_trace = (1 - rho) * rounded_trace + rho * np.trace(sample_covariance(g))
-    np.testing.assert_allclose(exact, np.trace(sample_covariance(g)), rtol=1e-12)
-    np.testing.assert_allclose(single, rounded_trace, rtol=1e-12)
-    assert single != exact and abs(single / exact - 1) < 1e-6
+        level = np.trace(sigma) / dim if target == "identity" else np.diag(sigma)
+        rounded_mv = (1 - rho) * rounded_mv + rho * level * vec
+        rounded_tr = (1 - rho) * rounded_tr + rho * np.trace(sigma)
+    np.testing.assert_allclose(single_mv, rounded_mv, rtol=1e-12)
+    np.testing.assert_allclose(single_tr, rounded_tr, rtol=1e-12)
+    np.testing.assert_allclose(exact_tr, np.trace(sigma), rtol=1e-12)
+    assert single_tr != exact_tr and abs(single_tr / exact_tr - 1) < 1e-6
+    assert np.any(single_mv != exact_mv)
+    assert np.linalg.norm(single_mv - exact_mv) < 1e-6 * np.linalg.norm(exact_mv)
 
 
 def test_dense_functions_of_sigma_match_scipy():

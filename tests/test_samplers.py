@@ -272,8 +272,8 @@ def test_noise_trace_is_that_of_the_draws_minibatch(factory):
     # The stat is computed only at the stored steps (a lazy branch): at thin = 3 each stored
     # value must be tr Sigma-hat of the minibatch of its own step, at the draw, where both
     # samplers evaluate the force. The minibatches are replayed from the sampler's own draws
-    # of indices. mCCAdL computes it from G rounded to float32, as its Lanczos kernel reads
-    # G at the default tolerance: ~1e-7 relative.
+    # of indices. Both compute it from G rounded to float32, as their products read G
+    # (mCCAdL's Lanczos kernel at the default tolerance): ~1e-7 relative.
     problem = GaussianRegression.make(n_obs=2000, dim=5, batch_size=100, seed=2)
     thin, draws = 3, 40
     with problem.model():
