@@ -7,14 +7,16 @@ variants of a table alternated):
 
 1. the product ``Gc^T (Gc w)`` with the 500 x 100 per-observation gradients G, by the project's
    kernel (``gram_product._centred_gram``) and by the alternatives tried: eight rows at a
-   time, G stored transposed, two BLAS calls, and G stored in float32 (summed in float64);
+   time, G stored transposed, two BLAS calls, G stored in float32 (summed in float64), and
+   everything in float32;
 2. the predictor X[idx] @ w of SGLD's fused gather kernel on 500 random rows of data the size
    of P1's (10,000 x 100, 8 MB), against the first 500 rows (400 kB, which the L2 cache
    holds);
-3. a model of the per-observation part of a step (predictor, G with its two column sums,
-   one product). In one variant the loop that writes G reads the rows in place, as PyTensor
-   3's ``FusedElemwise`` does in the samplers' blocks. In the other the rows are first copied
-   out of the data;
+3. a model of the per-observation part of a step (predictor, G with its column sums, one
+   product). In one variant the rows are first copied out of the data; in the others the loop
+   that writes G reads them in place, as PyTensor 3's ``FusedElemwise`` does in the samplers'
+   blocks: G in float64 or float32, with or without its column sums of squares (the trace of
+   Sigma, which the blocks now compute at the stored steps only);
 4. conjugate-gradient iterations for NOGIN's system ((1 + l2) I + h^2 Sigma / 4) x = p at
    ``cg_tolerance = 1e-6``, with and without a Jacobi preconditioner, Sigma estimated from
    the minibatch per-observation gradients at P1's posterior mean (20 minibatches each).
@@ -117,15 +119,17 @@ def product_rows(rng) -> list[str]:
     g = rng.standard_normal((BATCH, DIM))
     mean, w = g.mean(0), rng.standard_normal(DIM)
     reference = (g @ w - mean @ w) @ g
+    single = g.astype(np.float32)
     variants = [
-        ("project kernel, 4 rows at a time (float64)", _centred_gram, g),
-        ("8 rows at a time", gram_eight_rows, g),
-        ("G stored transposed (D x n)", gram_transposed, np.ascontiguousarray(g.T)),
-        ("two BLAS calls", gram_blas, g),
-        ("project kernel, G stored in float32", _centred_gram, g.astype(np.float32)),
+        ("project kernel, 4 rows at a time (float64)", _centred_gram, g, np.float64),
+        ("8 rows at a time", gram_eight_rows, g, np.float64),
+        ("G stored transposed (D x n)", gram_transposed, np.ascontiguousarray(g.T), np.float64),
+        ("two BLAS calls", gram_blas, g, np.float64),
+        ("project kernel, G stored in float32", _centred_gram, single, np.float64),
+        ("project kernel, G, m, w and the sums in float32", _centred_gram, single, np.float32),
     ]
     runs, errors = {}, {}
-    for label, kernel, matrix in variants:
+    for label, kernel, matrix, vector_type in variants:
 
         @numba.njit
         def loop(matrix, mean, w, out, calls, kernel=kernel):
@@ -133,10 +137,12 @@ def product_rows(rng) -> list[str]:
                 kernel(matrix, mean, w, out)
                 w[0] += out[0] * 1e-300  # a dependency between calls
 
-        out = np.empty(DIM)
-        kernel(matrix, mean, w.copy(), out)
+        m, v, out = mean.astype(vector_type), w.astype(vector_type), np.empty(DIM, vector_type)
+        kernel(matrix, m, v.copy(), out)
         errors[label] = np.max(np.abs(out - reference)) / np.max(np.abs(reference))
-        runs[label] = lambda calls, m=matrix, f=loop, o=out: f(m, mean, w.copy(), o, calls)
+        runs[label] = lambda calls, a=(matrix, m, v, out), f=loop: f(
+            a[0], a[1], a[2].copy(), a[3], calls
+        )
     times = alternated_us(runs, 10_000)
     return [f"| {label} | {times[label]:.2f} | {errors[label]:.1e} |" for label in runs]
 
@@ -181,10 +187,11 @@ def residuals(x, y, idx, w):
 
 
 @numba.njit(fastmath=True)
-def gradients_and_product(source, rows, r, w, out):
-    """G = r * source[rows] with its column sums and sums of squares, then one product with
-    G; returns the product plus the sums of squares (so that nothing is optimised away)."""
-    g = np.empty((rows.shape[0], source.shape[1]))
+def gradients_and_product(source, rows, r, w, out, g, squares):
+    """G = r * source[rows], written into ``g`` (float64 or float32), with its column sums
+    and, with ``squares``, its column sums of squares (the noise covariance's trace), then
+    one product with G; returns the product plus the sums of squares (so that nothing is
+    optimised away)."""
     s1, s2 = np.zeros(source.shape[1]), np.zeros(source.shape[1])
     for i in range(g.shape[0]):
         row = source[rows[i]]
@@ -192,13 +199,14 @@ def gradients_and_product(source, rows, r, w, out):
             v = row[j] * r[i]
             g[i, j] = v
             s1[j] += v
-            s2[j] += v * v
+            if squares:
+                s2[j] += v * v
     _centred_gram(g, s1 / rows.shape[0], w, out)
     return out + s2
 
 
 @numba.njit(fastmath=True)
-def step_with_copy(x, y, index_rows, w):
+def step_with_copy(x, y, index_rows, w, g, squares):
     acc, out = np.zeros(x.shape[1]), np.empty(x.shape[1])
     for k in range(index_rows.shape[0]):
         idx = index_rows[k]
@@ -208,16 +216,16 @@ def step_with_copy(x, y, index_rows, w):
             row = x[idx[i]]
             for j in range(x.shape[1]):  # not copied[i] = row: numba's slice copy is slower
                 copied[i, j] = row[j]
-        acc += gradients_and_product(copied, np.arange(idx.shape[0]), r, w, out)
+        acc += gradients_and_product(copied, np.arange(idx.shape[0]), r, w, out, g, squares)
     return acc
 
 
 @numba.njit(fastmath=True)
-def step_fused(x, y, index_rows, w):
+def step_fused(x, y, index_rows, w, g, squares):
     acc, out = np.zeros(x.shape[1]), np.empty(x.shape[1])
     for k in range(index_rows.shape[0]):
         idx = index_rows[k]
-        acc += gradients_and_product(x, idx, residuals(x, y, idx, w), w, out)
+        acc += gradients_and_product(x, idx, residuals(x, y, idx, w), w, out, g, squares)
     return acc
 
 
@@ -225,13 +233,34 @@ def per_observation_rows(rng) -> list[str]:
     x, y = rng.standard_normal((N_OBS, DIM)), rng.standard_normal(N_OBS)
     w = 0.1 * rng.standard_normal(DIM)
     index_rows = rng.integers(0, N_OBS, (2_000, BATCH))
-    assert np.allclose(step_with_copy(x, y, index_rows[:3], w), step_fused(x, y, index_rows[:3], w))
+    double, single = np.empty((BATCH, DIM)), np.empty((BATCH, DIM), np.float32)
+    variants = [
+        ("rows copied out of the data, then G", step_with_copy, double, True),
+        (
+            "rows read in place by the loop that writes G (the blocks before float32 rows)",
+            step_fused,
+            double,
+            True,
+        ),
+        (
+            "the same, G written in float32 (the blocks before the trace moved to the draws)",
+            step_fused,
+            single,
+            True,
+        ),
+        (
+            "the same without the sums of squares (the blocks now: the noise_trace stat is "
+            "computed at the stored steps only)",
+            step_fused,
+            single,
+            False,
+        ),
+    ]
+    first = [step(x, y, index_rows[:3], w, g, sq) for _, step, g, sq in variants[:2]]
+    assert np.allclose(*first)
     runs = {
-        label: lambda calls, f=step: f(x, y, index_rows[:calls], w)
-        for label, step in (
-            ("rows copied out of the data, then G", step_with_copy),
-            ("rows read in place by the loop that writes G (the samplers' blocks)", step_fused),
-        )
+        label: lambda calls, f=step, g=g, sq=sq: f(x, y, index_rows[:calls], w, g, sq)
+        for label, step, g, sq in variants
     }
     return [f"| {label} | {us:.2f} |" for label, us in alternated_us(runs, 2_000).items()]
 

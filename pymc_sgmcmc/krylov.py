@@ -20,7 +20,8 @@ NOGIN's damping solve by :func:`conjugate_gradients` gets the same treatment
 to 2.86 times SGLD's time per step and NOGIN with conjugate gradients from 3.75 to 3.29
 (``benchmarks/covariance_results_cost.md``), and 8 s off mCCAdL's cold compile, which no
 longer has a loop nested in the block's. At the default tolerances the kernels read the rows
-in float32 (:data:`SINGLE_PRECISION_ROWS`): 2.60 and 3.01.
+in float32 (:data:`SINGLE_PRECISION_ROWS`): 2.60 and 3.01 (2026-11-26 03:54 UTC); with the
+trace of Sigma computed at the stored steps only, 2.47-2.56 and 2.99-3.13 (05:52, 06:36 UTC).
 
 As with the Gram product, only the numba backend has the kernels; the rewrite
 ``expand_krylov_kernels`` builds the loop graphs in their place for the others, and
@@ -64,6 +65,7 @@ EXPM_TOLERANCE = {"half": 2.0**-11, "single": 2.0**-24, "double": 2.0**-53}
 #: (``benchmarks/covariance_results_cost.md``, 2026-11-26 03:54 UTC, against 01:37 UTC):
 #: mCCAdL 2.60 instead of 2.86 times SGLD's step at D = 100 and 1.64 instead of 1.96 at
 #: D = 1,000, NOGIN with conjugate gradients 3.01 instead of 3.29 and 1.79 instead of 2.22.
+#: (mSGLD's product Sigma R, a correction of order eps Sigma / 8, reads them so always.)
 SINGLE_PRECISION_ROWS = {"expm": ("half",), "cg": 1e-6}
 
 

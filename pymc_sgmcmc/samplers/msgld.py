@@ -39,13 +39,14 @@ class MSGLD(SGMCMC):
     -----
     ``tune`` draws adapt the kernel (step size if not given, diagonal preconditioner, thin;
     see :class:`pymc_sgmcmc.base.SGMCMC`); after tuning the kernel is fixed. One step costs
-    one minibatch force and its per-observation gradients: 1.6 SGLD steps on the benchmark
-    suite's logistic regression, 2.8 on its linear regression, where SGLD's gradient is one pass
-    over the minibatch rows (``benchmarks/suite_results.md``). In a float64 model the product
-    :math:`\Sigma R` reads the per-observation gradients rounded to float32 and sums in
-    float64: the correction is a fraction :math:`\varepsilon \lambda_{\max}(\Sigma) / 8` of
-    the noise, so the rounding (about 1e-7 of :math:`\Sigma`) is far below anything a chain
-    can show, and the rows cost half the memory traffic.
+    one minibatch force and its per-observation gradients: 1.4 SGLD steps on the benchmark
+    suite's logistic regression, 1.8 on its linear regression, where SGLD's gradient is one pass
+    over the minibatch rows (``benchmarks/suite_results.md``, 2026-11-26 05:58 UTC). In a
+    float64 model the product :math:`\Sigma R` reads the per-observation gradients rounded to
+    float32 and sums in float64: the correction is a fraction
+    :math:`\varepsilon \lambda_{\max}(\Sigma) / 8` of the noise, so the rounding (about 1e-7
+    of :math:`\Sigma`) is far below anything a chain can show, and the rows cost half the
+    memory traffic.
 
     Sampler stats
     -------------
