@@ -77,3 +77,20 @@ def one_chain(problem, make_step, draws: int, seed: int):
             compute_convergence_checks=False,
         )
     return step, idata.posterior["w"].values[0]
+
+
+def chain_from_the_mean(problem, step, draws: int, seed: int):
+    """The InferenceData of one chain of ``draws`` draws of ``step``, without tuning, started at
+    ``problem``'s exact posterior mean; call it inside the model the step was built in."""
+    import pymc as pm
+
+    return pm.sample(
+        draws=draws,
+        tune=0,
+        step=step,
+        chains=1,
+        random_seed=seed,
+        initvals={"w": problem.mean},
+        progressbar=False,
+        compute_convergence_checks=False,
+    )

@@ -6,7 +6,7 @@ import arviz as az
 import numpy as np
 import pymc as pm
 import pytest
-from checks import Z_TOLERANCE, gaussian_check, posterior_draws
+from checks import Z_TOLERANCE, chain_from_the_mean, gaussian_check, posterior_draws
 from models import GaussianRegression
 
 from pymc_sgmcmc import NOGIN, CCAdL, MCCAdL
@@ -99,15 +99,7 @@ def test_stability_at_large_step_size(mccadl_regression, name):
     with problem.model():
         step = factory(step_size=5e-3, friction=1.0)
         with pytest.warns(RuntimeWarning) if name in ("CCAdL", "SGHMC") else _no_warning():
-            idata = pm.sample(
-                draws=4000,
-                tune=0,
-                step=step,
-                chains=1,
-                random_seed=1,
-                initvals={"w": problem.mean},
-                **SAMPLE_KWARGS,
-            )
+            idata = chain_from_the_mean(problem, step, draws=4000, seed=1)
     draws = idata.posterior["w"].values[0]
     assert np.isfinite(draws).all()
     divergences = int(idata.sample_stats["diverging"].sum())
@@ -183,15 +175,7 @@ def test_better_estimates_remove_the_variance_inflation_of_the_sample_covariance
     for name, options in [("better", estimate), ("paper", {})]:
         with problem.model():
             step = NOGIN(step_size=5e-3, friction=1.0, thin=4, **options)
-            idata = pm.sample(
-                draws=4000,
-                tune=0,
-                step=step,
-                chains=1,
-                random_seed=2,
-                initvals={"w": problem.mean},
-                **SAMPLE_KWARGS,
-            )
+            idata = chain_from_the_mean(problem, step, draws=4000, seed=2)
         draws = idata.posterior["w"].values[0, 1000:]
         spread = np.sum((draws - draws.mean(0)) ** 2, axis=1) / np.trace(problem.cov)
         batch_means = spread.reshape(20, -1).mean(axis=1)

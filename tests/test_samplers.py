@@ -10,7 +10,7 @@ import numpy as np
 import pymc as pm
 import pytensor
 import pytest
-from checks import Z_TOLERANCE, gaussian_check, posterior_draws
+from checks import Z_TOLERANCE, chain_from_the_mean, gaussian_check, posterior_draws
 from models import GaussianRegression
 from pytensor.scan.op import Scan
 
@@ -288,15 +288,7 @@ def test_noise_trace_is_that_of_the_draws_minibatch(factory):
             return indices
 
         step.sg_model.draw_indices = recorded
-        idata = pm.sample(
-            draws=draws,
-            tune=0,
-            step=step,
-            chains=1,
-            random_seed=3,
-            initvals={"w": problem.mean},
-            **SAMPLE_KWARGS,
-        )
+        idata = chain_from_the_mean(problem, step, draws=draws, seed=3)
     stored_rows = np.concatenate([rows[thin - 1 :: thin] for rows in blocks])
     positions = idata.posterior["w"].values[0]
     expected = [
@@ -314,15 +306,7 @@ def test_nogin_noise_trace_estimates_the_noise_at_the_posterior():
     problem = GaussianRegression.make(n_obs=2000, dim=5, batch_size=100, seed=2)
     with problem.model():
         step = NOGIN(step_size=1e-3, friction=1.0, thin=3, solver="cg")
-        idata = pm.sample(
-            draws=400,
-            tune=0,
-            step=step,
-            chains=1,
-            random_seed=3,
-            initvals={"w": problem.mean},
-            **SAMPLE_KWARGS,
-        )
+        idata = chain_from_the_mean(problem, step, draws=400, seed=3)
     trace = idata.sample_stats["noise_trace"].values[0]
     expected = np.trace(problem.expected_noise_covariance(problem.mean, problem.cov))
     assert np.all(np.isfinite(trace))
