@@ -16,7 +16,8 @@ variants of a table alternated):
    product). In one variant the rows are first copied out of the data; in the others the loop
    that writes G reads them in place, as PyTensor 3's ``FusedElemwise`` does in the samplers'
    blocks: G in float64 or float32, with or without its column sums of squares (the trace of
-   Sigma, which the blocks now compute at the stored steps only);
+   Sigma, which the blocks now compute at the stored steps only), and in a single pass that
+   also computes the predictor row by row;
 4. conjugate-gradient iterations for NOGIN's system ((1 + l2) I + h^2 Sigma / 4) x = p at
    ``cg_tolerance = 1e-6``, with and without a Jacobi preconditioner, Sigma estimated from
    the minibatch per-observation gradients at P1's posterior mean (20 minibatches each).
@@ -229,6 +230,32 @@ def step_fused(x, y, index_rows, w, g, squares):
     return acc
 
 
+@numba.njit(fastmath=True)
+def step_one_pass(x, y, index_rows, w, g, squares):
+    """The predictor, G and its sums in one pass over the rows (each row's dot product, then
+    its gradient while the row is in L1), then one product: what a kernel fusing the gather
+    product into the loop that writes G could do at best."""
+    acc, out, d = np.zeros(x.shape[1]), np.empty(x.shape[1]), x.shape[1]
+    for k in range(index_rows.shape[0]):
+        idx = index_rows[k]
+        s1, s2 = np.zeros(d), np.zeros(d)
+        for i in range(idx.shape[0]):
+            row = x[idx[i]]
+            z = 0.0
+            for j in range(d):
+                z += row[j] * w[j]
+            r = y[idx[i]] - z
+            for j in range(d):
+                v = row[j] * r
+                g[i, j] = v
+                s1[j] += v
+                if squares:
+                    s2[j] += v * v
+        _centred_gram(g, s1 / idx.shape[0], w, out)
+        acc += out + s2
+    return acc
+
+
 def per_observation_rows(rng) -> list[str]:
     x, y = rng.standard_normal((N_OBS, DIM)), rng.standard_normal(N_OBS)
     w = 0.1 * rng.standard_normal(DIM)
@@ -255,9 +282,18 @@ def per_observation_rows(rng) -> list[str]:
             single,
             False,
         ),
+        (
+            "the same in one pass over the rows (predictor, G and its sums: a kernel of its "
+            "own, since PyTensor's fused loop cannot hold a dot product)",
+            step_one_pass,
+            single,
+            False,
+        ),
     ]
     first = [step(x, y, index_rows[:3], w, g, sq) for _, step, g, sq in variants[:2]]
     assert np.allclose(*first)
+    fused = [step(x, y, index_rows[:3], w, g, sq) for _, step, g, sq in variants[3:]]
+    assert np.allclose(*fused)
     runs = {
         label: lambda calls, f=step, g=g, sq=sq: f(x, y, index_rows[:calls], w, g, sq)
         for label, step, g, sq in variants
