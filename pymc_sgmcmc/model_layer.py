@@ -1005,18 +1005,23 @@ class NoiseCovariance(Covariance):
         """Sigma v, O(nD)."""
         if self.is_zero:
             return pt.zeros_like(v)
-        (rows, *_) = self.low_rank_parts(single_precision_rows)
         # G^T (G w - m . w) in one pass over the rows (:mod:`pymc_sgmcmc.gram_product`).
-        product = CentredGramProduct()(rows, self.mean, self._scaled(v))
+        product = CentredGramProduct()(
+            self._rows(single_precision_rows), self.mean, self._scaled(v)
+        )
         return self.scale * self._scaled(product)
+
+    def _rows(self, single_precision_rows: bool) -> Variable:
+        """G, or G rounded to float32: cast where G is computed, so that the fused loop
+        writing G writes float32."""
+        return self.gradients.astype("float32") if single_precision_rows else self.gradients
 
     def low_rank_parts(self, single_precision_rows=False):
         if self.is_zero:
             return None
         ones = pt.ones(self.dim, dtype=self.gradients.dtype)
         columns = ones if self.columns is None else self.columns
-        # Cast where G is computed, so that the fused loop writing G writes float32.
-        rows = self.gradients.astype("float32") if single_precision_rows else self.gradients
+        rows = self._rows(single_precision_rows)
         return rows, self.mean, columns, self.scale, pt.zeros_like(ones)
 
     def dense(self) -> Variable:
@@ -1034,9 +1039,9 @@ class NoiseCovariance(Covariance):
     def diagonal(self, single_precision_rows: bool = False) -> Variable:
         if self.is_zero:
             return pt.zeros(self.dim)
-        (rows, *_) = self.low_rank_parts(single_precision_rows)
+        rows = self._rows(single_precision_rows).astype(self.gradients.dtype)
         n = self.gradients.shape[0].astype(self.gradients.dtype)
-        squares = pt.sum(rows.astype(self.gradients.dtype) ** 2, axis=0) - n * self.mean**2
+        squares = pt.sum(rows**2, axis=0) - n * self.mean**2
         # Rounding can leave a tiny negative variance where a column is (nearly) constant.
         return self.scale * self._scaled(self._scaled(pt.maximum(squares, 0.0)))
 

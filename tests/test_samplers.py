@@ -262,8 +262,7 @@ def minibatch_noise_trace(problem, theta, rows) -> float:
     """tr Sigma-hat of one minibatch: n / (n - 1) sum_i |G_i - G_mean|^2 with the scaled rows
     G_i = (N / n) g_i(theta) (``NoiseCovariance``)."""
     n_obs, n = len(problem.y), len(rows)
-    residual = problem.y[rows] - problem.X[rows] @ theta
-    scaled = (n_obs / n) * problem.X[rows] * residual[:, None] / problem.sigma**2
+    scaled = (n_obs / n) * problem.per_observation_gradients(theta)[rows]
     return n / (n - 1) * np.sum((scaled - scaled.mean(axis=0)) ** 2)
 
 
