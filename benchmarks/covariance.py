@@ -65,9 +65,15 @@ COST_VARIANTS = [
     ("CCAdL (diag)", "CCAdL", {"covariance": "diag"}),
     ("mCCAdL", "mCCAdL", {}),
     ("mCCAdL, Ledoit-Wolf", "mCCAdL", {"noise_shrinkage": "auto"}),
+    ("mCCAdL, independent minibatch for Sigma", "mCCAdL", {"noise_minibatch": "independent"}),
     ("NOGIN, D x D solve", "NOGIN", {"solver": "direct"}),
     ("NOGIN, CG", "NOGIN", {"solver": "cg"}),
     ("NOGIN, CG, Ledoit-Wolf", "NOGIN", {"solver": "cg", "noise_shrinkage": "auto"}),
+    (
+        "NOGIN, CG, independent minibatch for Sigma",
+        "NOGIN",
+        {"solver": "cg", "noise_minibatch": "independent"},
+    ),
     ("NOGIN, average 0.1 (D x D)", "NOGIN", {"averaging": 0.1}),
     *(
         (f"{name}, average 0.1 updated every {m} steps", name, periodic(m))

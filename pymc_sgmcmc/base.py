@@ -325,6 +325,41 @@ class SGMCMC(ArrayStepShared):
         self.averaging = value
         self.averaging_interval = int(interval)
 
+    #: Which rows Sigma-hat comes from: "same", the force's minibatch (the papers), or
+    #: "independent", a minibatch of its own (:meth:`force_and_noise`).
+    noise_minibatch: str = "same"
+
+    def _set_noise_minibatch(self, value: str) -> None:
+        if value not in ("same", "independent"):
+            raise ValueError(f"noise_minibatch must be 'same' or 'independent', got {value!r}")
+        self.noise_minibatch = value
+
+    def force_and_noise(self, theta, indices, noise_indices=None) -> tuple[TensorVariable, Any]:
+        """The minibatch force and the estimate of its noise covariance, from the same rows
+        (``noise_minibatch="same"``, the papers' eq. 15) or from the rows ``noise_indices``,
+        drawn independently of the force's (``"independent"``).
+
+        From the same rows the estimate is correlated with the force's noise eta through the
+        third moment of the per-observation gradients: a damping by Sigma-hat after the kick
+        h F removes (h^3 / 2) E[Sigma-hat eta] from the momentum per step on average (mCCAdL;
+        half that in NOGIN, whose damping sees half the kick), which moves the posterior mean
+        by about -(h^2 / 2) C c3, with C the posterior covariance and
+        c3 = (N^3 / n^2) E[d |d|^2] over the centred per-observation gradients d. It vanishes
+        for symmetric gradients (a Gaussian linear regression) and reaches 2.7 posterior sd
+        on P3 at h = 1.2e-3 (``benchmarks/same_minibatch_bias_results.md``). Independent rows
+        remove it at the price of a second pass over a minibatch: the summed force on its
+        rows, the per-observation gradients on the others."""
+        if self.noise_minibatch == "independent":
+            _, sigma = self.target.force_and_noise(theta, noise_indices)
+            return self.target.force(theta, indices), sigma
+        return self.target.force_and_noise(theta, indices)
+
+    @property
+    def separate_noise_indices(self) -> bool:
+        """Whether :meth:`integrate` gets ``noise_indices``: the force's rows again, for the
+        update of a periodic average, or rows of their own (``noise_minibatch``)."""
+        return self.averages_periodically or self.noise_minibatch == "independent"
+
     @property
     def averages_periodically(self) -> bool:
         """Whether the moving average of Sigma is updated only every ``averaging_interval``
@@ -473,8 +508,10 @@ class SGMCMC(ArrayStepShared):
 
     def integrate(self, state, indices, noise, h, noise_indices=None) -> Step:
         """One integrator step from ``state`` (a dict of graphs). ``noise_indices``: the
-        step's minibatch indices again, through inputs of their own, given only to a sampler
-        with a periodic average of Sigma, for its update (:meth:`periodically_averaged_noise`)."""
+        rows of Sigma-hat, through inputs of their own, given only when
+        :attr:`separate_noise_indices`: the step's minibatch again, for the update of a
+        periodic average of Sigma (:meth:`periodically_averaged_noise`), or rows drawn
+        independently of the force's (``noise_minibatch="independent"``)."""
         raise NotImplementedError
 
     def carried(self, state: dict, stats: dict | None = None) -> Step:
@@ -581,12 +618,13 @@ class SGMCMC(ArrayStepShared):
         logp_index_seqs = [
             pt.matrix(f"logp_{s.name}", dtype="int64", shape=s.type.shape) for s in index_seqs
         ]
-        # And a third copy for the lazy branch that updates a periodic average of Sigma
-        # (:meth:`periodically_averaged_noise`), for the same reason: through the force's
-        # indices, its per-observation gradients cost 2 µs of every NOGIN step at D = 100.
+        # And the rows of Sigma-hat: a third copy for the lazy branch that updates a periodic
+        # average of Sigma (:meth:`periodically_averaged_noise`), for the same reason (through
+        # the force's indices, its per-observation gradients cost 2 µs of every NOGIN step at
+        # D = 100), or rows of their own (``noise_minibatch="independent"``).
         noise_index_seqs = (
             [pt.matrix(f"noise_{s.name}", dtype="int64", shape=s.type.shape) for s in index_seqs]
-            if self.averages_periodically
+            if self.separate_noise_indices
             else []
         )
         index_seqs_all = [*index_seqs, *logp_index_seqs, *noise_index_seqs]
@@ -998,9 +1036,17 @@ class SGMCMC(ArrayStepShared):
         checked, stored_steps = self._logp_steps(n_steps)
         wanted = np.zeros(n_steps, dtype=bool)
         wanted[checked] = wanted[stored_steps] = True
-        copies = 3 if self.averages_periodically else 2  # see _block_function
+        # The rows of Sigma-hat (see _block_function). Independent ones are drawn after the
+        # force's rows and the noise, which then stay those of noise_minibatch="same".
+        noise_rows = []
+        if self.noise_minibatch == "independent":
+            noise_rows = self.sg_model.draw_indices(self.rng, n_steps)
+        elif self.averages_periodically:
+            noise_rows = indices
         sequences = _padded(
-            [*indices * copies, noise, h], [np.ones(n_steps, dtype=bool), wanted], length
+            [*indices, *indices, *noise_rows, noise, h],
+            [np.ones(n_steps, dtype=bool), wanted],
+            length,
         )
         with plain_assignment_errors():  # numba compiles the block at its first call
             out = block_fn(*(self.chain_state[n] for n in names), *sequences, *self._kernel)

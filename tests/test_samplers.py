@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import re
 import warnings
 
@@ -266,28 +267,36 @@ def minibatch_noise_trace(problem, theta, rows) -> float:
     return n / (n - 1) * np.sum((scaled - scaled.mean(axis=0)) ** 2)
 
 
-@pytest.mark.parametrize("factory", [MSGLD, MCCAdL], ids=["MSGLD", "MCCAdL"])
+@pytest.mark.parametrize(
+    "factory",
+    [MSGLD, MCCAdL, functools.partial(MCCAdL, noise_minibatch="independent")],
+    ids=["MSGLD", "MCCAdL", "MCCAdL-independent"],
+)
 def test_noise_trace_is_that_of_the_draws_minibatch(factory):
     # The stat is computed only at the stored steps (a lazy branch): at thin = 3 each stored
     # value must be tr Sigma-hat of the minibatch of its own step, at the draw, where both
     # samplers evaluate the force. The minibatches are replayed from the sampler's own draws
-    # of indices. Both compute it from G rounded to float32, as their products read G
-    # (mCCAdL's Lanczos kernel at the default tolerance): ~1e-7 relative.
+    # of indices: per block the force's rows, then (noise_minibatch="independent") the rows
+    # of Sigma-hat, drawn after the force's and the noise. Both compute it from G rounded to
+    # float32, as their products read G (mCCAdL's Lanczos kernel at the default tolerance):
+    # ~1e-7 relative; the trace of the force's rows differs from the others' by ~6 %.
     problem = GaussianRegression.make(n_obs=2000, dim=5, batch_size=100, seed=2)
-    thin, draws = 3, 40
+    thin, draws, block = 3, 40, 30
     with problem.model():
-        step = factory(step_size=1e-4, thin=thin, block_steps=30)
+        step = factory(step_size=1e-4, thin=thin, block_steps=block)
         blocks = []
         draw_indices = step.sg_model.draw_indices
 
         def recorded(rng, steps):
             indices = draw_indices(rng, steps)
-            if steps > 1:  # a block's, not a chain start's single minibatch
+            if steps == block:  # a block's, not a chain start's or a geometry check's
                 blocks.append(indices[0])
             return indices
 
         step.sg_model.draw_indices = recorded
         idata = chain_from_the_mean(problem, step, draws=draws, seed=3)
+    if getattr(step, "noise_minibatch", "same") == "independent":
+        blocks = blocks[1::2]
     stored_rows = np.concatenate([rows[thin - 1 :: thin] for rows in blocks])
     positions = idata.posterior["w"].values[0]
     expected = [
@@ -485,6 +494,14 @@ def test_sgld_and_sgnht_sample_one_row_minibatches():
         (
             lambda: NOGIN(step_size=1e-3, noise_covariance="exact", averaging=0.1),
             "apply to the estimated covariance only",
+        ),
+        (
+            lambda: NOGIN(step_size=1e-3, noise_covariance="exact", noise_minibatch="independent"),
+            "apply to the estimated covariance only",
+        ),
+        (
+            lambda: MCCAdL(step_size=1e-3, noise_minibatch="other"),
+            "noise_minibatch must be 'same' or 'independent'",
         ),
         (
             lambda: NOGIN(step_size=1e-3, noise_covariance="exact", control_variates=True),

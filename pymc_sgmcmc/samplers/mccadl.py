@@ -34,7 +34,8 @@ class MCCAdL(Thermostatted):
     at the papers' step sizes (see :func:`pymc_sgmcmc.krylov.lanczos_expm`).
 
     :math:`\Sigma` comes from the per-observation gradients of the minibatch of the step's
-    force evaluation (eq. 15, no moving average), i.e. at the position where the step starts:
+    force evaluation (eq. 15, no moving average; see ``noise_minibatch`` for the bias this
+    brings at large steps), i.e. at the position where the step starts:
     one gradient evaluation per step, the last B's force reused by the next step's first B.
     The code evaluates the force at the top of each loop iteration, finishes the previous step
     with its last B (that state is the stored draw) and runs the next step up to its last A.
@@ -79,9 +80,27 @@ class MCCAdL(Thermostatted):
         ``2 * averaging_interval / averaging`` steps, over which the position must move
         little compared with the scale on which :math:`\Sigma(\theta)` changes. At D = 100,
         n = 500, h = 1e-3, every 300 steps (a third of the default ``thin`` there) it costs
-        1.48 SGLD steps per step against 3.4 for the paper's estimate
+        1.43-1.48 SGLD steps per step against 2.4-2.6 for the paper's estimate
         (``benchmarks/covariance_results_cost.md``), and gives the same variance ratio as the
         every-step average at h = 5e-3 (1.52 against 1.51).
+    noise_minibatch : {"same", "independent"}, default "same"
+        The rows :math:`\Sigma` is estimated from. "same" (the paper's eq. 15): the
+        minibatch of the step's force, whose per-observation gradients give both. The
+        estimate is then correlated with the force's noise :math:`\eta` through the third
+        moment of the per-observation gradients, and the C step that follows the kick
+        :math:`h\tilde F` removes :math:`\tfrac{h^3}{2} E[\hat\Sigma\eta]` from the momentum
+        per step on average: the posterior mean moves by about
+        :math:`-\tfrac{h^2}{2} C c_3`, C the posterior covariance,
+        :math:`c_3 = \tfrac{N^3}{n^2} E[d\,\|d\|^2]` over the centred per-observation
+        gradients d (the guide's "The same-minibatch estimate shifts the mean"). Zero for
+        symmetric gradients (a Gaussian linear regression); 2.7 posterior sd on the
+        logistic regression P3 (N/n = 100) at h = 1.2e-3, 0.57 at h = 5e-4, within the Monte
+        Carlo error at the step size adapted by default
+        (``benchmarks/same_minibatch_bias_results.md``). "independent": :math:`\Sigma` from
+        a minibatch drawn for it alone, which removes the shift (0.04 sd there) for one more
+        pass over a minibatch per step: 3.2 SGLD steps per step at D = 100 against 2.4
+        (``benchmarks/covariance_results_cost.md``). A periodic ``averaging`` removes it too,
+        at less cost, for D up to a few hundred.
     noise_shrinkage : {None, "auto"} or float, default None
         None uses the paper's estimate of :math:`\Sigma` from one minibatch. Otherwise the
         estimate is shrunk towards the multiple of the identity with the same trace,
@@ -133,7 +152,7 @@ class MCCAdL(Thermostatted):
     :class:`~pymc_sgmcmc.gram_product.CentredGramProduct`; the Lanczos process around them runs
     in one kernel, :class:`~pymc_sgmcmc.krylov.LowRankExpm`), and the per-observation
     gradients cost more than the summed gradient (CCAdL, which adds little else to SGNHT,
-    takes 1.6x SGLD's time per step there): 2.9x SGLD's step in all
+    takes 1.6x SGLD's time per step there): 2.4-2.6x SGLD's step in all
     (``benchmarks/covariance_results_cost.md``).
 
     Sampler stats
@@ -156,8 +175,9 @@ class MCCAdL(Thermostatted):
         :math:`\xi` at the draw.
     noise_trace : float
         :math:`\operatorname{tr}\Sigma` at the draw's force evaluation (of the moving average
-        with ``averaging``). Computed at the stored steps only, from the rows the low-rank
-        kernels read: float32 at the default tolerance, about 1e-7 relative
+        with ``averaging``; from the independent rows with ``noise_minibatch="independent"``).
+        Computed at the stored steps only, from the rows the low-rank kernels read: float32
+        at the default tolerance, about 1e-7 relative
         (:data:`~pymc_sgmcmc.krylov.SINGLE_PRECISION_ROWS`).
     expm_products : int
         :math:`\Sigma`-vector products (Lanczos iterations) of the C step that followed the
@@ -191,6 +211,7 @@ class MCCAdL(Thermostatted):
         covariance: Literal["lowrank", "full", "diag"] = "lowrank",
         averaging: float | None = None,
         averaging_interval: int = 1,
+        noise_minibatch: Literal["same", "independent"] = "same",
         noise_shrinkage: float | Literal["auto"] | None = None,
         noise_shrinkage_target: Literal["identity", "diagonal"] = "identity",
         expm_tolerance: Literal["half", "single", "double"] = "half",
@@ -200,6 +221,7 @@ class MCCAdL(Thermostatted):
         self._set_step_size(step_size)
         self._set_noise_shrinkage(noise_shrinkage, noise_shrinkage_target)
         self._set_averaging(averaging, averaging_interval)
+        self._set_noise_minibatch(noise_minibatch)
         self.friction = positive("friction", friction)
         if covariance not in ("lowrank", "full", "diag"):
             raise ValueError(f"covariance must be 'lowrank', 'full' or 'diag', got {covariance!r}")
@@ -241,7 +263,7 @@ class MCCAdL(Thermostatted):
                 lambda average, h: average.expm(-(h**2) / 2.0),
             )
         else:
-            force, sigma = self.target.force_and_noise(theta, indices)
+            force, sigma = self.force_and_noise(theta, indices, noise_indices)
             sigma = self.noise_estimate(sigma.as_form(self.covariance))
             sigma, average = self.averaged_noise(state, sigma, self._average_form)
         p_draw = kick(state["momentum"], force, half)  # last B(h/2) of the previous step

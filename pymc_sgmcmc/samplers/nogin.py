@@ -99,10 +99,24 @@ class NOGIN(SGMCMC):
         average spans about ``2 * averaging_interval / averaging`` steps, over which the
         position must move little compared with the scale on which :math:`\Sigma(\theta)`
         changes. At D = 100, n = 500, h = 1e-3, every 300 steps (a third of the default
-        ``thin`` there) it costs 1.35 SGLD steps per step against 3.8 for the paper's
+        ``thin`` there) it costs 1.31-1.34 SGLD steps per step against 2.9-3.0 for the paper's
         estimate by CG (``benchmarks/covariance_results_cost.md``), and at h = 5e-3 gives a
         variance ratio of 1.03 against 1.01 for the every-step average and 1.49 for the
         paper's estimate.
+    noise_minibatch : {"same", "independent"}, default "same"
+        With "estimate" only: the rows :math:`\Sigma` is estimated from. "same" (the paper):
+        the minibatch of the step's force. The estimate is then correlated with the force's
+        noise through the third moment of the per-observation gradients, and the damping that
+        follows the half kick removes a part of that noise's mean: the posterior mean moves by
+        about :math:`-\tfrac{h^2}{4} C c_3`, half mCCAdL's shift (the guide's "The
+        same-minibatch estimate shifts the mean"). Zero for symmetric gradients (a
+        Gaussian linear regression, where Lemma 2 holds); 1.35 posterior sd on the logistic
+        regression P3 (N/n = 100) at h = 1.2e-3, within the Monte Carlo error at the step
+        size adapted by default (``benchmarks/same_minibatch_bias_results.md``).
+        "independent": :math:`\Sigma` from a minibatch drawn for it alone, which removes the
+        shift (0.04 sd there) for one more pass over a minibatch per step: 3.5 SGLD steps per
+        step at D = 100 against 2.9 by CG (``benchmarks/covariance_results_cost.md``). A
+        periodic ``averaging`` removes it too, at less cost, for D up to a few hundred.
     noise_shrinkage : {None, "auto"} or float, default None
         With "estimate" only. None uses the paper's estimate of :math:`\Sigma` from one
         minibatch. Otherwise the estimate is shrunk towards the multiple of the identity with
@@ -156,8 +170,9 @@ class NOGIN(SGMCMC):
         :math:`p^\top p / D` at the end of the step.
     noise_trace : float
         :math:`\operatorname{tr}\Sigma` used in the step's damping (of the moving average
-        with ``averaging``). Computed at the stored steps only, from the rows the low-rank
-        kernels read: float32 at the default tolerance, about 1e-7 relative
+        with ``averaging``; from the independent rows with ``noise_minibatch="independent"``).
+        Computed at the stored steps only, from the rows the low-rank kernels read: float32
+        at the default tolerance, about 1e-7 relative
         (:data:`~pymc_sgmcmc.krylov.SINGLE_PRECISION_ROWS`).
     noise_shrinkage : float
         The shrinkage intensity :math:`\rho` in use (0 for the paper's estimate).
@@ -185,6 +200,7 @@ class NOGIN(SGMCMC):
         noise_covariance: Literal["estimate", "exact"] = "estimate",
         averaging: float | None = None,
         averaging_interval: int = 1,
+        noise_minibatch: Literal["same", "independent"] = "same",
         noise_shrinkage: float | Literal["auto"] | None = None,
         noise_shrinkage_target: Literal["identity", "diagonal"] = "identity",
         **kwargs,
@@ -192,6 +208,7 @@ class NOGIN(SGMCMC):
         self._set_step_size(step_size)
         self._set_noise_shrinkage(noise_shrinkage, noise_shrinkage_target)
         self._set_averaging(averaging, averaging_interval)
+        self._set_noise_minibatch(noise_minibatch)
         self.friction = positive("friction", friction)
         if solver not in ("auto", "direct", "cg"):
             raise ValueError(f"solver must be 'auto', 'direct' or 'cg', got {solver!r}")
@@ -199,8 +216,13 @@ class NOGIN(SGMCMC):
             raise ValueError(
                 f"noise_covariance must be 'estimate' or 'exact', got {noise_covariance!r}"
             )
-        if noise_covariance == "exact" and (noise_shrinkage, averaging) != (None, None):
-            raise ValueError("noise_shrinkage and averaging apply to the estimated covariance only")
+        if noise_covariance == "exact" and (
+            (noise_shrinkage, averaging, noise_minibatch) != (None, None, "same")
+        ):
+            raise ValueError(
+                "noise_shrinkage, averaging and noise_minibatch apply to the estimated "
+                "covariance only"
+            )
         if noise_covariance == "exact" and kwargs.get("control_variates"):
             # The exact Sigma is that of the plain minibatch force, not of the control variate.
             raise ValueError("noise_covariance='exact' cannot be combined with control_variates")
@@ -217,11 +239,11 @@ class NOGIN(SGMCMC):
     def initial_evaluation(self, theta, indices, noise, h):
         return {}  # the force is evaluated mid-step, nothing is carried
 
-    def _force_and_covariance(self, theta, indices):
-        force, sigma = self.target.force_and_noise(theta, indices)
+    def _covariance(self, theta, sigma):
+        """The Sigma of the damping: from the minibatch estimate ``sigma``, or exact."""
         if self.noise_covariance == "exact":
-            return force, self.target.exact_noise_covariance(theta)
-        return force, self.noise_estimate(sigma)
+            return self.target.exact_noise_covariance(theta)
+        return self.noise_estimate(sigma)
 
     def _solver(self) -> str:
         if self.solver != "auto":
@@ -263,14 +285,16 @@ class NOGIN(SGMCMC):
             force = self.target.force(theta, indices)
             sigma, inverse, average = self.periodically_averaged_noise(
                 state,
-                lambda: self._force_and_covariance(theta, noise_indices)[1],
+                lambda: self._covariance(
+                    theta, self.target.force_and_noise(theta, noise_indices)[1]
+                ),
                 "full",
                 h,
                 self._damping_operator,
             )
         else:
-            force, sigma = self._force_and_covariance(theta, indices)
-            sigma, average = self.averaged_noise(state, sigma, "full")
+            force, sigma = self.force_and_noise(theta, indices, noise_indices)
+            sigma, average = self.averaged_noise(state, self._covariance(theta, sigma), "full")
         p = kick(state["momentum"], force, h / 2.0) + lam * r  # B(h/2) + half the noise
         p = self._damp(sigma, p, lam2, h, inverse)  # O, damped by Sigma
         p = kick(p, force, h / 2.0) + lam * r  # B(h/2) + the same noise
