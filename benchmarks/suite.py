@@ -10,7 +10,8 @@ Methods, all measured in the same process and run:
 * the seven samplers of ``pymc_sgmcmc`` inside ``pm.sample`` (one chain, ``thin`` = 10), and
   SGLD with ``thin`` = 1 (every step through PyMC's trace) for its steps/s only; when named in
   ``--samplers``, also mCCAdL and NOGIN with a moving average of Sigma updated every 300
-  steps (``mCCAdL-periodic``, ``NOGIN-periodic``);
+  steps (``mCCAdL-periodic``, ``NOGIN-periodic``) or with Sigma from a minibatch of its own
+  (``mCCAdL-independent``, ``NOGIN-independent``);
 * a hand-written NumPy SGLD (analytic gradients);
 * BlackJAX SGLD and SGNHT in a ``jax.lax.scan`` over 1,000-step chunks with a hand-written
   log-density, minibatches drawn with replacement inside the scan, float64 (skipped with a
@@ -68,9 +69,15 @@ from report import load_average, machine, versions  # noqa: E402
 
 SAMPLERS = ("SGLD", "mSGLD", "SGHMC", "SGNHT", "CCAdL", "mCCAdL", "NOGIN")
 #: Options beyond the papers, run only when named in ``--samplers``: the moving average of
-#: Sigma over about 20 minibatches, updated every 300 steps (``averaging_interval``).
+#: Sigma over about 20 minibatches, updated every 300 steps (``averaging_interval``), and
+#: Sigma from rows drawn independently of the force's (``noise_minibatch``).
 PERIODIC = {"averaging": 0.1, "averaging_interval": 300}
-VARIANTS = {"mCCAdL-periodic": ("mCCAdL", PERIODIC), "NOGIN-periodic": ("NOGIN", PERIODIC)}
+INDEPENDENT = {"noise_minibatch": "independent"}
+VARIANTS = {
+    f"{name}-{label}": (name, options)
+    for name in ("mCCAdL", "NOGIN")
+    for label, options in (("periodic", PERIODIC), ("independent", INDEPENDENT))
+}
 MEAN_TOL, VAR_TOL = 0.1, 0.1
 CHECKPOINTS = 40
 #: The clock of every timing: wall time, or with ``--clock cpu`` this process's CPU time
@@ -241,6 +248,8 @@ def describe(name: str, s: Settings) -> str:
         return f"eps={s.eps:.2g}"
     if name in VARIANTS:
         options = VARIANTS[name][1]
+        if "averaging" not in options:
+            return f"h={s.h:.2g}, A={s.friction:g}, noise_minibatch={options['noise_minibatch']}"
         return (
             f"h={s.h:.2g}, A={s.friction:g}, averaging={options['averaging']:g} "
             f"every {options['averaging_interval']} steps"

@@ -344,9 +344,10 @@ class SGMCMC(ArrayStepShared):
         h F removes (h^3 / 2) E[Sigma-hat eta] from the momentum per step on average (mCCAdL;
         half that in NOGIN, whose damping sees half the kick), which moves the posterior mean
         by about -(h^2 / 2) C c3, with C the posterior covariance and
-        c3 = (N^3 / n^2) E[d |d|^2] over the centred per-observation gradients d. It vanishes
-        for symmetric gradients (a Gaussian linear regression) and reaches 2.7 posterior sd
-        on P3 at h = 1.2e-3 (``benchmarks/same_minibatch_bias_results.md``). Independent rows
+        c3 = (N^3 / n^2) E[d |d|^2] over the centred per-observation gradients d. It reaches
+        2.7 posterior sd on the logistic regression P3 at h = 1.2e-3 and 0.04 on the Gaussian
+        linear regression P1 at h = 9e-4 (``benchmarks/same_minibatch_bias_results.md``).
+        Independent rows
         remove it at the price of a second pass over a minibatch: the summed force on its
         rows, the per-observation gradients on the others."""
         if self.noise_minibatch == "independent":

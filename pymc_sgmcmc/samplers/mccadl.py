@@ -92,9 +92,9 @@ class MCCAdL(Thermostatted):
         per step on average: the posterior mean moves by about
         :math:`-\tfrac{h^2}{2} C c_3`, C the posterior covariance,
         :math:`c_3 = \tfrac{N^3}{n^2} E[d\,\|d\|^2]` over the centred per-observation
-        gradients d (the guide's "The same-minibatch estimate shifts the mean"). Zero for
-        symmetric gradients (a Gaussian linear regression); 2.7 posterior sd on the
-        logistic regression P3 (N/n = 100) at h = 1.2e-3, 0.57 at h = 5e-4, within the Monte
+        gradients d (the guide's "The same-minibatch estimate shifts the mean"). 2.7
+        posterior sd on the logistic regression P3 (N/n = 100) at h = 1.2e-3, 0.57 at
+        h = 5e-4; 0.04 on the Gaussian linear regression P1 at h = 9e-4; within the Monte
         Carlo error at the step size adapted by default
         (``benchmarks/same_minibatch_bias_results.md``). "independent": :math:`\Sigma` from
         a minibatch drawn for it alone, which removes the shift (0.04 sd there) for one more

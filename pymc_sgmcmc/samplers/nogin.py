@@ -109,9 +109,9 @@ class NOGIN(SGMCMC):
         noise through the third moment of the per-observation gradients, and the damping that
         follows the half kick removes a part of that noise's mean: the posterior mean moves by
         about :math:`-\tfrac{h^2}{4} C c_3`, half mCCAdL's shift (the guide's "The
-        same-minibatch estimate shifts the mean"). Zero for symmetric gradients (a
-        Gaussian linear regression, where Lemma 2 holds); 1.35 posterior sd on the logistic
-        regression P3 (N/n = 100) at h = 1.2e-3, within the Monte Carlo error at the step
+        same-minibatch estimate shifts the mean"; Lemma 2 assumes the exact Sigma). 1.35
+        posterior sd on the logistic regression P3 (N/n = 100) at h = 1.2e-3, 0.02 on the
+        Gaussian linear regression P1 at h = 9e-4, within the Monte Carlo error at the step
         size adapted by default (``benchmarks/same_minibatch_bias_results.md``).
         "independent": :math:`\Sigma` from a minibatch drawn for it alone, which removes the
         shift (0.04 sd there) for one more pass over a minibatch per step: 3.5 SGLD steps per
