@@ -347,9 +347,8 @@ class SGMCMC(ArrayStepShared):
         c3 = (N^3 / n^2) E[d |d|^2] over the centred per-observation gradients d. It reaches
         2.7 posterior sd on the logistic regression P3 at h = 1.2e-3 and 0.04 on the Gaussian
         linear regression P1 at h = 9e-4 (``benchmarks/same_minibatch_bias_results.md``).
-        Independent rows
-        remove it at the price of a second pass over a minibatch: the summed force on its
-        rows, the per-observation gradients on the others."""
+        Independent rows remove it at the price of a second pass over a minibatch: the summed
+        force on its rows, the per-observation gradients on the others."""
         if self.noise_minibatch == "independent":
             _, sigma = self.target.force_and_noise(theta, noise_indices)
             return self.target.force(theta, indices), sigma
