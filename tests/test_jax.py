@@ -59,8 +59,8 @@ def assert_same_chain(default, jax, stats=("minibatch_logp", "step_size", "diver
 # Options that reach the code JAX needs changed: NOGIN's CG (a loop with a stopping rule) and
 # mCCAdL's Lanczos product (a loop of data-dependent length), the eigen-decompositions of
 # mSGLD and SGHMC's B-hat, CCAdL's moving average; the noise-estimate options' carried
-# average (NOGIN), its periodic update (mCCAdL) and diagonal shrinkage (mCCAdL's Lanczos
-# product).
+# average (NOGIN), its periodic update (mCCAdL), Sigma-hat from independent rows (NOGIN) and
+# diagonal shrinkage (mCCAdL's Lanczos product).
 SAMPLERS = {
     "SGLD": lambda **kw: SGLD(step_size=0.01, **kw),
     # mSGLD at 0.01 is at this model's stability edge (4 / lambda_max ~ 0.01) and diverges
@@ -75,6 +75,10 @@ SAMPLERS = {
     # A lazy branch (the update) with an eigen-decomposition, every 7 steps across blocks.
     "MCCAdL-periodic-averaging": lambda **kw: MCCAdL(
         step_size=0.01, averaging=0.2, averaging_interval=7, **kw
+    ),
+    # Sigma-hat from rows of its own: a third index input drawn on the host.
+    "NOGIN-independent": lambda **kw: NOGIN(
+        step_size=0.01, solver="cg", noise_minibatch="independent", **kw
     ),
     "MCCAdL-shrinkage": lambda **kw: MCCAdL(
         step_size=0.01, noise_shrinkage=0.3, noise_shrinkage_target="diagonal", **kw
