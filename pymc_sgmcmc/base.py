@@ -339,16 +339,11 @@ class SGMCMC(ArrayStepShared):
         (``noise_minibatch="same"``, the papers' eq. 15) or from the rows ``noise_indices``,
         drawn independently of the force's (``"independent"``).
 
-        From the same rows the estimate is correlated with the force's noise eta through the
-        third moment of the per-observation gradients: a damping by Sigma-hat after the kick
-        h F removes (h^3 / 2) E[Sigma-hat eta] from the momentum per step on average (mCCAdL;
-        half that in NOGIN, whose damping sees half the kick), which moves the posterior mean
-        by about -(h^2 / 2) C c3, with C the posterior covariance and
-        c3 = (N^3 / n^2) E[d |d|^2] over the centred per-observation gradients d. It reaches
-        2.7 posterior sd on the logistic regression P3 at h = 1.2e-3 and 0.04 on the Gaussian
-        linear regression P1 at h = 9e-4 (``benchmarks/same_minibatch_bias_results.md``).
-        Independent rows remove it at the price of a second pass over a minibatch: the summed
-        force on its rows, the per-observation gradients on the others."""
+        From the same rows the estimate is correlated with the force's noise, which shifts
+        the posterior mean by O(h^2) (the ``noise_minibatch`` parameter of MCCAdL and NOGIN,
+        and the guide's "The same-minibatch estimate shifts the mean"). Independent rows
+        remove the shift at the price of a second pass over a minibatch: the summed force on
+        its rows, the per-observation gradients on the others."""
         if self.noise_minibatch == "independent":
             _, sigma = self.target.force_and_noise(theta, noise_indices)
             return self.target.force(theta, indices), sigma

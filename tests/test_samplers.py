@@ -295,7 +295,7 @@ def test_noise_trace_is_that_of_the_draws_minibatch(factory):
 
         step.sg_model.draw_indices = recorded
         idata = chain_from_the_mean(problem, step, draws=draws, seed=3)
-    if getattr(step, "noise_minibatch", "same") == "independent":
+    if step.noise_minibatch == "independent":
         blocks = blocks[1::2]
     stored_rows = np.concatenate([rows[thin - 1 :: thin] for rows in blocks])
     positions = idata.posterior["w"].values[0]
