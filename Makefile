@@ -38,7 +38,17 @@ examples: venv
 # SGLD, BlackJAX SGLD/SGNHT (extra `bench`, installed here if missing) and PyMC NUTS; writes
 # benchmarks/suite_results.md. Options: make bench-suite SUITE_ARGS="--quick" (or --nuts-p4, ...).
 .PHONY: bench-suite
-bench-suite: venv
+bench-suite: bench-extra
+	$(PY) benchmarks/suite.py $(SUITE_ARGS)
+
+# Issue 4's performance targets, each measured in one run (about 15 minutes on a quiet
+# machine): writes benchmarks/criteria_results.md.
+.PHONY: bench-criteria
+bench-criteria: bench-extra
+	$(PY) benchmarks/criteria.py
+
+# The `bench` extra (BlackJAX, JAX) for the baselines, installed into .venv if missing.
+.PHONY: bench-extra
+bench-extra: venv
 	@$(PY) -c "import blackjax, jax" 2>/dev/null || $(PY) -m pip install --quiet -e ".[bench]" \
 		|| echo "note: BlackJAX/JAX could not be installed: their baselines will be skipped"
-	$(PY) benchmarks/suite.py $(SUITE_ARGS)

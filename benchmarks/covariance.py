@@ -24,6 +24,7 @@ import argparse
 import sys
 import time
 import warnings
+from collections.abc import Iterator
 from pathlib import Path
 
 import single_thread  # noqa: F401  (before NumPy: one thread per runtime)
@@ -140,12 +141,41 @@ def block_us_per_step(problem, step) -> float:
     return (time.process_time() - start) / (len(step.buffer["theta"]) * step.thin) * 1e6
 
 
+def regression(dim: int):
+    """The cost table's linear regression (N = 10,000, n = 500, prior N(0, 10 I)) and its h."""
+    problem = GaussianRegression.make(n_obs=10_000, dim=dim, batch_size=500, prior_sd=np.sqrt(10))
+    return problem, (1e-3 if dim == 100 else 3e-4)
+
+
+def costs(dim: int, variants) -> Iterator[tuple[str, float, float]]:
+    """(label, CPU µs per step, ratio to SGLD's) of each ``(label, sampler, options)`` at this
+    D: the smallest of ``COST_REPEATS`` block fills (1,000 steps; 100 for the D x D average at
+    D = 1,000), SGLD's fills alternated with each sampler's, so that both sides of a ratio see
+    the same machine. mCCAdL's label gives its mean number of products per step."""
+    problem, h = regression(dim)
+    with problem.model() as model:
+        sgld = make("SGLD", h, 1.0, thin=10)
+    prepared_block(problem, sgld, model)
+    for label, name, kwargs in variants:
+        # A whole number of periodic updates per fill; 100 steps of a per-step average.
+        every_step = "averaging" in kwargs and kwargs.get("averaging_interval", 1) == 1
+        block = 100 if dim > 500 and every_step else 1_000
+        with problem.model() as model:
+            step = make(name, h, 1.0, thin=10, block_steps=block, **kwargs)
+        idata = prepared_block(problem, step, model)
+        references, fills = [], []
+        for _ in range(COST_REPEATS):
+            references.append(block_us_per_step(problem, sgld))
+            fills.append(block_us_per_step(problem, step))
+        if name == "mCCAdL":
+            label += f" ({float(idata.sample_stats['expm_products'].mean()):.1f} products)"
+        yield label, min(fills), min(fills) / min(references)
+
+
 def cost_table(lines):
     """CPU time per step inside the compiled block (single-threaded BLAS expected), relative to
-    SGLD's: the smallest of ``COST_REPEATS`` block fills (1,000 steps; 100 for the D x D
-    average at D = 1,000), SGLD's fills alternated with each sampler's, so that both sides
-    of a ratio see the same machine. ``pm.sample`` adds the same per-draw cost (about 2 µs
-    per step at thin = 10) to every sampler."""
+    SGLD's (:func:`costs`). ``pm.sample`` adds the same per-draw cost (about 2 µs per step at
+    thin = 10) to every sampler."""
     lines += [
         "## Cost per step (thin = 10, n = 500; CPU time inside the compiled block)",
         "",
@@ -157,39 +187,24 @@ def cost_table(lines):
         "| --- | --- | --- | --- |",
     ]
     for dim in (100, 1000):
-        problem = GaussianRegression.make(
-            n_obs=10_000, dim=dim, batch_size=500, prior_sd=np.sqrt(10)
-        )
-        h = 1e-3 if dim == 100 else 3e-4
-        with problem.model() as model:
-            sgld = make("SGLD", h, 1.0, thin=10)
-        prepared_block(problem, sgld, model)
-        for label, name, kwargs in COST_VARIANTS:
-            if dim > 500 and kwargs.get("solver") == "direct":
-                continue  # D > n: the n x n Woodbury system costs n^2 D; CG only
-            if dim > 500 and 1 < kwargs.get("averaging_interval", 1) < 1000:
-                continue  # each update costs O(n D^2 + D^3): only the longest interval
-            # A whole number of periodic updates per fill; 100 steps of a per-step average.
-            every_step = "averaging" in kwargs and kwargs.get("averaging_interval", 1) == 1
-            block = 100 if dim > 500 and every_step else 1_000
-            with problem.model() as model:
-                step = make(name, h, 1.0, thin=10, block_steps=block, **kwargs)
-            idata = prepared_block(problem, step, model)
-            references, costs = [], []
-            for _ in range(COST_REPEATS):
-                references.append(block_us_per_step(problem, sgld))
-                costs.append(block_us_per_step(problem, step))
-            cost, reference = min(costs), min(references)
-            extra = ""
-            if name == "mCCAdL":
-                extra = f" ({float(idata.sample_stats['expm_products'].mean()):.1f} products)"
-            lines.append(f"| {dim} | {label}{extra} | {cost:,.1f} | {cost / reference:.2f} |")
+        variants = [
+            (label, name, kwargs)
+            for label, name, kwargs in COST_VARIANTS
+            # D > n: the n x n Woodbury system costs n^2 D, CG only; each periodic update
+            # costs O(n D^2 + D^3), only the longest interval.
+            if dim < 500
+            or not (
+                kwargs.get("solver") == "direct" or 1 < kwargs.get("averaging_interval", 1) < 1000
+            )
+        ]
+        for label, cost, ratio in costs(dim, variants):
+            lines.append(f"| {dim} | {label} | {cost:,.1f} | {ratio:.2f} |")
             print(lines[-1], flush=True)
     lines.append("")
 
 
 def accuracy_table(lines):
-    problem = GaussianRegression.make(n_obs=10_000, dim=100, batch_size=500, prior_sd=np.sqrt(10))
+    problem, _ = regression(100)
     steps_per_pass = 10_000 // 500
     lines += ["## W2 to the exact posterior (variance ratio) after 10 / 50 / 200 passes", ""]
     lines += ["| sampler | A | h | 10 | 50 | 200 |", "| --- | --- | --- | --- | --- | --- |"]

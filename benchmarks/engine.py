@@ -211,11 +211,14 @@ def draws_per_second(
 DEFAULT_TUNE = 1000
 
 
-def cores_table(key: str, thin: int, draws: int, default_draws: int) -> list[str]:
+def cores_table(
+    key: str, thin: int, draws: int, default_draws: int
+) -> tuple[list[str], list[float]]:
     """``cores=2`` against ``cores=1`` for the cheapest draws (thin = 1, the default with a
     given step size), for cheap draws (``thin`` steps of a fixed step size) and for the
-    default ``SGLD()`` (adapted step size, thin = relaxation time), alternated. The ratio is
-    of integrator steps/s: with the defaults each chain adapts its own thin."""
+    default ``SGLD()`` (adapted step size, thin = relaxation time), alternated, two runs
+    each: the table and its ratios. The ratio is of integrator steps/s: with the defaults
+    each chain adapts its own thin."""
     problem = make_problem(key)
     lines = [
         f"{key} SGLD: steady draws/s and steps/s of all chains (wall time), the main process's "
@@ -232,6 +235,7 @@ def cores_table(key: str, thin: int, draws: int, default_draws: int) -> list[str
         (f"thin = {thin}", thin, draws),
         ("default", None, default_draws),
     ]
+    ratios = []
     for label, config, n in configurations:
         for run in (1, 2):
             cells, rates = [], []
@@ -242,11 +246,10 @@ def cores_table(key: str, thin: int, draws: int, default_draws: int) -> list[str
                 thin_s = "/".join(map(str, thins))
                 cells.append(f"{per_draw:,.1f}, {per_step:,.0f} ({cpu:.0f}; {thin_s})")
                 rates.append(per_step)
-            lines.append(
-                f"| {label} | {run} | {cells[0]} | {cells[1]} | {rates[1] / rates[0]:.2f} |"
-            )
+            ratios.append(rates[1] / rates[0])
+            lines.append(f"| {label} | {run} | {cells[0]} | {cells[1]} | {ratios[-1]:.2f} |")
             print(lines[-1], flush=True)
-    return lines
+    return lines, ratios
 
 
 @contextmanager
@@ -357,7 +360,7 @@ def main(argv: list[str]) -> None:
     if "steps" in args.what:
         sections.append(steps_table(args.problems, args.thin, args.repeats))
     if "cores" in args.what:
-        sections.append(cores_table(args.problems[0], args.thin, args.draws, args.default_draws))
+        sections.append(cores_table(args.problems[0], args.thin, args.draws, args.default_draws)[0])
     if "first-draw" in args.what:
         sections.append(first_draw_table(args.problems))
     if "per-draw" in args.what:

@@ -1,0 +1,304 @@
+"""The performance targets of issue 4, each measured in this one run, in one table.
+
+1. Steady-state steps/s inside ``pm.sample`` of SGLD and SGNHT (thin = 10, about 20 s each)
+   against BlackJAX's SGLD / SGNHT in a ``lax.scan`` and a hand-written NumPy SGLD, on P1 and
+   P3 (``suite.py``'s runs: same problems, step sizes, seeds and clock).
+2. CPU time per step of the covariance samplers' default (low-rank) paths against SGLD's at
+   D = 100, n = 500 (``covariance.py``'s measurement), and of the periodically updated average
+   of Sigma (not a default: see the guide).
+3. Time from the step's construction to the first stored draw of SGLD on P1 in a fresh
+   process, with empty compile caches ("cold") and then with the ones it filled ("warm").
+4. P4 (N = 10^6): wall time to the accuracy criterion (means within 0.1 posterior sd,
+   variances within 10 %) of ``pm.sample(step=Sampler(control_variates=True))`` with every
+   other argument at its default, in a fresh process with empty compile caches and again with
+   warm ones, against PyMC's default NUTS on the full data, projected from a short run
+   (``suite.run_nuts_projected``: the full run takes about 15-25 minutes here).
+5. Steps/s of two chains with ``cores=2`` against one chain with ``cores=1`` (SGLD on P1 at
+   thin = 1, thin = 10 and the defaults, two runs each; ``engine.py cores``'s measurement, in
+   a fresh process).
+
+Writes ``benchmarks/criteria_results.md``: the targets with the measured values, then each
+section's rows. Run on a quiet machine: ``make bench-criteria`` (about 15 minutes; BlackJAX's
+rows need the ``bench`` extra, which the target installs).
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import tempfile
+import warnings
+from pathlib import Path
+
+import single_thread  # noqa: F401  (before NumPy: one thread per runtime)
+
+HERE = Path(__file__).parent
+sys.path.insert(0, str(HERE))
+
+import control_variates  # noqa: E402
+import covariance  # noqa: E402
+import suite  # noqa: E402
+from compile_caches import compile_cache_env  # noqa: E402
+from engine import cores_table  # noqa: E402
+from problems import make_problem, reference  # noqa: E402
+from report import header, load_average  # noqa: E402
+
+#: ``suite.py``'s command line for section 1.
+SUITE_ARGUMENTS = "--problems P1 P3 --samplers SGLD SGNHT --baselines numpy blackjax --cold none"
+#: The covariance samplers at their defaults (low-rank Sigma: mCCAdL's Lanczos C step,
+#: NOGIN's conjugate gradients at D = 100), then with the periodic average.
+COVARIANCE_DEFAULTS = [("mCCAdL", "mCCAdL", {}), ("NOGIN", "NOGIN", {})]
+COVARIANCE_PERIODIC = [
+    (f"{name}, average 0.1 updated every 300 steps", name, covariance.periodic(300))
+    for name in ("mCCAdL", "NOGIN")
+]
+P4_SAMPLERS = ("SGLD", "SGNHT", "NOGIN")
+
+
+def ratio_cell(values: list[float], target: float, above: bool = True) -> tuple[str, bool]:
+    cells = " / ".join(f"{v:.2f}" for v in values)
+    return cells, all(v >= target if above else v <= target for v in values)
+
+
+def sampler_rates(lines: list[str]) -> list[tuple[str, str, str, bool]]:
+    """Section 1: SGLD and SGNHT against BlackJAX and NumPy on P1 and P3."""
+    cfg, _ = suite.parse_args(SUITE_ARGUMENTS.split())
+    lines += [
+        "## 1. Steps/s inside `pm.sample` against BlackJAX and NumPy",
+        "",
+        f"`suite.py`'s runs: one chain, thin = {cfg.thin}, about {cfg.budget_s:g} s each, "
+        "seed 1, wall clock; steady state after the first two blocks.",
+        "",
+        "| problem | SGLD | SGNHT | BlackJAX SGLD | BlackJAX SGNHT | NumPy SGLD |",
+        "| --- | --- | --- | --- | --- | --- |",
+    ]
+    missing = suite.blackjax_available()
+    rates: dict[str, dict[str, float]] = {}
+    for key in cfg.problems:
+        rows, _ = suite.bench_problem(key, 1, cfg)
+        rates[key] = {r.method: r.steps_per_s for r in rows}
+        cells = [
+            f"{rates[key][m]:,.0f}" if m in rates[key] else "skipped"
+            for m in ("SGLD", "SGNHT", "BlackJAX SGLD", "BlackJAX SGNHT", "NumPy SGLD")
+        ]
+        lines.append(f"| {key} | " + " | ".join(cells) + " |")
+    if missing:
+        lines += ["", f"BlackJAX skipped: {missing}."]
+    lines.append("")
+    out = []
+    for ours in ("SGLD", "SGNHT"):
+        if missing:
+            out.append((f"{ours} vs BlackJAX {ours}, P1 / P3", ">= 1.2x", "skipped", False))
+            continue
+        values = [rates[k][ours] / rates[k][f"BlackJAX {ours}"] for k in cfg.problems]
+        cell, met = ratio_cell(values, 1.2)
+        out.append((f"{ours} vs BlackJAX {ours}, P1 / P3 (steps/s)", ">= 1.2x", cell, met))
+    values = [rates[k]["SGLD"] / rates[k]["NumPy SGLD"] for k in cfg.problems]
+    cell, met = ratio_cell(values, 2.0)
+    out.append(("SGLD vs NumPy SGLD, P1 / P3 (steps/s)", ">= 2x", cell, met))
+    return out
+
+
+def covariance_costs(lines: list[str]) -> list[tuple[str, str, str, bool]]:
+    """Section 2: the covariance samplers' cost per step against SGLD's at D = 100."""
+    lines += [
+        "## 2. Covariance samplers' cost per step at D = 100 (n = 500)",
+        "",
+        f"`covariance.py`'s measurement: CPU time inside the compiled block, thin = 10, the "
+        f"smallest of {covariance.COST_REPEATS} block fills, alternated with SGLD's; h = 1e-3 "
+        "from the posterior mean of the linear regression (N = 10,000).",
+        "",
+        "| sampler | µs per step | time per step / SGLD's |",
+        "| --- | --- | --- |",
+    ]
+    ratios = []
+    for label, cost, ratio in covariance.costs(100, COVARIANCE_DEFAULTS + COVARIANCE_PERIODIC):
+        lines.append(f"| {label} | {cost:,.1f} | {ratio:.2f} |")
+        print(lines[-1], flush=True)
+        ratios.append(ratio)
+    lines.append("")
+    default, periodic = ratio_cell(ratios[:2], 1.6, above=False), ratio_cell(ratios[2:], 1.6, False)
+    return [
+        ("mCCAdL / NOGIN, default low-rank path, vs SGLD step, D = 100", "<= 1.6x", *default),
+        ("mCCAdL / NOGIN, periodic average every 300 steps (not default)", "<= 1.6x", *periodic),
+    ]
+
+
+def first_draw(lines: list[str]) -> list[tuple[str, str, str, bool]]:
+    """Section 3: SGLD's first draw on P1, cold and warm compile caches."""
+    problem = make_problem("P1")
+    _, cov_u, centre, _ = reference(problem, allow_nuts=False)
+    settings = suite.Settings(problem.curvature(cov_u), problem.noise_scale(centre))
+    cold, warm = suite.compile_times("P1", "SGLD", settings, "float64")
+    lines += [
+        "## 3. SGLD's first draw on P1",
+        "",
+        "Step construction to the first stored draw in a fresh process (`suite.compile_times`): "
+        f"empty compile caches {cold:.1f} s, then the ones it filled {warm:.1f} s.",
+        "",
+    ]
+    return [
+        ("SGLD first draw on P1, cold", "<= 10 s", f"{cold:.1f} s", cold <= 10),
+        ("SGLD first draw on P1, warm", "<= 3 s", f"{warm:.1f} s", warm <= 3),
+    ]
+
+
+def p4_run(sampler: str, compiledir: str) -> dict:
+    """``control_variates.run`` on P4 in a fresh process whose compile caches are in
+    ``compiledir``."""
+    out = subprocess.run(
+        [sys.executable, __file__, "--p4-child", sampler],
+        env=compile_cache_env(compiledir),
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def p4_against_nuts(lines: list[str]) -> list[tuple[str, str, str, bool]]:
+    """Section 4: time to the accuracy criterion on P4 against NUTS's projected default."""
+    problem = make_problem("P4")
+    ref = reference(problem, allow_nuts=False)[0]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        nuts = suite.run_nuts_projected(problem, ref, 50, 50, seed=1)
+    lines += [
+        "## 4. P4 (N = 1,000,000, D = 50, n = 1,000): time to the accuracy criterion",
+        "",
+        "`pm.sample(step=Sampler(control_variates=True), chains=1)`, every other argument at "
+        "its default, from the model's initial point, timed from the step's construction in a "
+        "fresh process: with empty compile caches, then with the ones it filled. Reference: "
+        "the Laplace approximation at the full-data MAP.",
+        "",
+        "| sampler | compile caches | time to result (s) | total (s) | final mean / var error "
+        "| NUTS time / this |",
+        "| --- | --- | --- | --- | --- | --- |",
+    ]
+    ratios = {}
+    for sampler in P4_SAMPLERS:
+        with tempfile.TemporaryDirectory() as tmp:
+            for cache in ("cold", "warm"):
+                r = p4_run(sampler, tmp)
+                result = r["result_s"]
+                ratio = None if result is None else nuts.result_s / result
+                ratios[sampler, cache] = ratio
+                lines.append(
+                    f"| {sampler} | {cache} | "
+                    f"{'not reached' if result is None else f'{result:.1f}'} | "
+                    f"{r['total_s']:.1f} | {r['mean_err']:.3f} / {r['var_err']:.3f} | "
+                    f"{'-' if ratio is None else f'{ratio:.1f}'} |"
+                )
+                print(lines[-1], flush=True)
+    lines += [
+        f"| PyMC NUTS (projected) | - | {nuts.result_s:.1f} | {nuts.run_s:.1f} (short run) | "
+        f"{nuts.mean_err:.3f} / {nuts.var_err:.3f} | 1.0 |",
+        "",
+        f"NUTS: {nuts.note}.",
+        "",
+    ]
+    out = []
+    for cache in ("cold", "warm"):
+        values = [ratios[s, cache] or 0.0 for s in P4_SAMPLERS]
+        cell = " / ".join(f"{v:.0f}" for v in values) + f" ({' / '.join(P4_SAMPLERS)})"
+        out.append(
+            (f"P4 time to accuracy, NUTS / ours, {cache}", ">= 20x", cell, max(values) >= 20)
+        )
+    return out
+
+
+def parallel_chains(lines: list[str]) -> list[tuple[str, str, str, bool]]:
+    """Section 5: two chains on two cores against one chain on one, in a fresh process (as a
+    user's script starts: ``pm.sample`` forks its workers from it)."""
+    out = subprocess.run(
+        [sys.executable, __file__, "--cores-child"], capture_output=True, text=True, check=True
+    )
+    child = json.loads(out.stdout.strip().splitlines()[-1])
+    lines += [
+        "## 5. `cores=2` (two chains) against `cores=1` (one chain), SGLD on P1",
+        "",
+        "`engine.py cores`'s measurement, in a fresh process: integrator steps/s of all chains "
+        "together over the last three quarters of the draws (wall time), each configuration "
+        "twice.",
+        "",
+        *child["lines"],
+        "",
+    ]
+    cell, met = ratio_cell(child["ratios"], 1.6)
+    return [
+        ("cores=2 vs cores=1 steps/s (thin 1, 10, default; two runs each)", ">= 1.6x", cell, met)
+    ]
+
+
+def accelerator() -> tuple[str, str, str, bool | None]:
+    import jax
+
+    devices = [d for d in jax.devices() if d.platform != "cpu"]
+    found = ", ".join(str(d) for d in devices) or "none on this machine"
+    return ("an accelerator, measured there", "if available", found, None if not devices else True)
+
+
+def main() -> None:
+    suite.quiet_pymc()
+    top = header("Issue 4's performance targets, measured in one run (`benchmarks/criteria.py`)")
+    lines: list[str] = []
+    criteria = []
+    for section in (
+        sampler_rates,
+        covariance_costs,
+        first_draw,
+        p4_against_nuts,
+        parallel_chains,
+    ):
+        criteria += section(lines)
+    try:
+        criteria.append(accelerator())
+    except ImportError:
+        criteria.append(("an accelerator, measured there", "if available", "JAX missing", None))
+    summary = [
+        *top,
+        f"- load average (1, 5, 15 min) at the end: {load_average()}",
+        "",
+        "| target | wanted | measured | met |",
+        "| --- | --- | --- | --- |",
+        *(
+            f"| {name} | {wanted} | {measured} | {'-' if met is None else 'yes' if met else 'no'} |"
+            for name, wanted, measured, met in criteria
+        ),
+        "",
+    ]
+    text = "\n".join(summary + lines) + "\n"
+    print(text)
+    (HERE / "criteria_results.md").write_text(text)
+
+
+def p4_child(sampler: str) -> None:
+    """Child process of :func:`p4_run`: prints ``control_variates.run``'s result as JSON."""
+    import pymc_sgmcmc as sg
+
+    suite.quiet_pymc()
+    problem = make_problem("P4")
+    ref = reference(problem, allow_nuts=False)[0]
+    cls = {"SGLD": sg.SGLD, "SGNHT": sg.SGNHT, "NOGIN": sg.NOGIN}[sampler]
+    result = control_variates.run(problem, ref, cls, control=True)
+    print(json.dumps(result, default=float))
+
+
+def cores_child() -> None:
+    """Child process of :func:`parallel_chains`: prints ``engine.cores_table``'s rows and
+    ratios as JSON."""
+    suite.quiet_pymc()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        table, ratios = cores_table("P1", 10, 20_000, 300)
+    print(json.dumps({"lines": table, "ratios": ratios}))
+
+
+if __name__ == "__main__":
+    if len(sys.argv) == 3 and sys.argv[1] == "--p4-child":
+        p4_child(sys.argv[2])
+    elif sys.argv[1:] == ["--cores-child"]:
+        cores_child()
+    else:
+        main()
