@@ -54,14 +54,17 @@ COVARIANCE_PERIODIC = [
     for name in ("mCCAdL", "NOGIN")
 ]
 P4_SAMPLERS = ("SGLD", "SGNHT", "NOGIN")
+#: A row of the summary: (target, wanted, measured, met; None where nothing could be measured).
+Target = tuple[str, str, str, bool | None]
 
 
 def ratio_cell(values: list[float], target: float, above: bool = True) -> tuple[str, bool]:
+    """The ratios as a cell, and whether all are at least (``above``) or at most ``target``."""
     cells = " / ".join(f"{v:.2f}" for v in values)
     return cells, all(v >= target if above else v <= target for v in values)
 
 
-def sampler_rates(lines: list[str]) -> list[tuple[str, str, str, bool]]:
+def sampler_rates(lines: list[str]) -> list[Target]:
     """Section 1: SGLD and SGNHT against BlackJAX and NumPy on P1 and P3."""
     cfg, _ = suite.parse_args(SUITE_ARGUMENTS.split())
     lines += [
@@ -100,7 +103,7 @@ def sampler_rates(lines: list[str]) -> list[tuple[str, str, str, bool]]:
     return out
 
 
-def covariance_costs(lines: list[str]) -> list[tuple[str, str, str, bool]]:
+def covariance_costs(lines: list[str]) -> list[Target]:
     """Section 2: the covariance samplers' cost per step against SGLD's at D = 100."""
     lines += [
         "## 2. Covariance samplers' cost per step at D = 100 (n = 500)",
@@ -125,7 +128,7 @@ def covariance_costs(lines: list[str]) -> list[tuple[str, str, str, bool]]:
     ]
 
 
-def first_draw(lines: list[str]) -> list[tuple[str, str, str, bool]]:
+def first_draw(lines: list[str]) -> list[Target]:
     """Section 3: SGLD's first draw on P1, cold and warm compile caches."""
     problem = make_problem("P1")
     _, cov_u, centre, _ = reference(problem, allow_nuts=False)
@@ -157,7 +160,7 @@ def p4_run(sampler: str, compiledir: str) -> dict:
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
-def p4_against_nuts(lines: list[str]) -> list[tuple[str, str, str, bool]]:
+def p4_against_nuts(lines: list[str]) -> list[Target]:
     """Section 4: time to the accuracy criterion on P4 against NUTS's projected default."""
     problem = make_problem("P4")
     ref = reference(problem, allow_nuts=False)[0]
@@ -208,7 +211,7 @@ def p4_against_nuts(lines: list[str]) -> list[tuple[str, str, str, bool]]:
     return out
 
 
-def parallel_chains(lines: list[str]) -> list[tuple[str, str, str, bool]]:
+def parallel_chains(lines: list[str]) -> list[Target]:
     """Section 5: two chains on two cores against one chain on one, in a fresh process (as a
     user's script starts: ``pm.sample`` forks its workers from it)."""
     out = subprocess.run(
@@ -231,7 +234,7 @@ def parallel_chains(lines: list[str]) -> list[tuple[str, str, str, bool]]:
     ]
 
 
-def accelerator() -> tuple[str, str, str, bool | None]:
+def accelerator() -> Target:
     import jax
 
     devices = [d for d in jax.devices() if d.platform != "cpu"]
