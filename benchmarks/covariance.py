@@ -141,7 +141,7 @@ def block_us_per_step(problem, step) -> float:
     return (time.process_time() - start) / (len(step.buffer["theta"]) * step.thin) * 1e6
 
 
-def regression(dim: int):
+def regression(dim: int) -> tuple[GaussianRegression, float]:
     """The cost table's linear regression (N = 10,000, n = 500, prior N(0, 10 I)) and its h."""
     problem = GaussianRegression.make(n_obs=10_000, dim=dim, batch_size=500, prior_sd=np.sqrt(10))
     return problem, (1e-3 if dim == 100 else 3e-4)

@@ -132,7 +132,7 @@ def first_draw(lines: list[str]) -> list[Target]:
     """Section 3: SGLD's first draw on P1, cold and warm compile caches."""
     problem = make_problem("P1")
     _, cov_u, centre, _ = reference(problem, allow_nuts=False)
-    settings = suite.Settings(problem.curvature(cov_u), problem.noise_scale(centre))
+    settings = suite.Settings.of(problem, cov_u, centre)
     cold, warm = suite.compile_times("P1", "SGLD", settings, "float64")
     lines += [
         "## 3. SGLD's first draw on P1",

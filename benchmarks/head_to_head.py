@@ -43,7 +43,7 @@ def one_round(key: str, cfg: suite.Config) -> dict[str, float]:
     """Steps/s of every method on problem ``key``, in a fixed order."""
     problem = make_problem(key)
     ref, cov_u, centre, _ = reference(problem, allow_nuts=cfg.nuts_references)
-    s = suite.Settings(problem.curvature(cov_u), problem.noise_scale(centre))
+    s = suite.Settings.of(problem, cov_u, centre)
     rates = {}
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")

@@ -97,6 +97,12 @@ class Settings:
     noise: float
     friction: float = 1.0
 
+    @classmethod
+    def of(cls, problem: Problem, cov_u: np.ndarray, centre: np.ndarray) -> Settings:
+        """The settings of ``problem`` from its reference's covariance (unconstrained space)
+        and centre, as :func:`problems.reference` returns them."""
+        return cls(problem.curvature(cov_u), problem.noise_scale(centre))
+
     @property
     def eps(self) -> float:
         """SGLD-type step size (Welling & Teh convention: theta += eps/2 F + sqrt(eps) R).
@@ -563,7 +569,7 @@ def bench_problem(key: str, index: int, cfg: Config) -> tuple[list[Result], dict
     """All methods on one problem."""
     problem = make_problem(key)
     ref, cov_u, centre, laplace = reference(problem, allow_nuts=cfg.nuts_references)
-    s = Settings(problem.curvature(cov_u), problem.noise_scale(centre))
+    s = Settings.of(problem, cov_u, centre)
     info = {
         "title": problem.title,
         "size": f"N = {problem.n_obs:,}, D = {problem.dim}, n = {problem.batch_size}",
