@@ -170,23 +170,24 @@ def draws_per_second(
     problem: Problem, chains: int, cores: int, thin: int | None, draws: int
 ) -> tuple[float, float, float, list[int]]:
     """Steady draws/s and integrator steps/s of all chains together, this (main) process's
-    CPU µs per draw, and the thins seen: over the last three quarters of the stored draws
-    (after every worker compiled and served its first block). ``thin`` None: the default
-    sampler (``SGLD()``: step size adapted in :data:`DEFAULT_TUNE` tuning draws, thin = its
-    relaxation time, which can differ between chains); tuning draws are not counted. With
-    cores > 1 the main process receives every draw through a pipe and records it, serially
-    for all chains."""
+    CPU µs per draw, and the thins seen: while every chain delivers, from the latest of the
+    chains' quarter marks of their stored draws (every worker has compiled and served its
+    first block) to the earliest of their last draws; the workers start, compile and finish
+    at different times, and a window over all draws would mix in spans where only one chain
+    runs. ``thin`` None: the default sampler (``SGLD()``: step size adapted in
+    :data:`DEFAULT_TUNE` tuning draws, thin = its relaxation time, which can differ between
+    chains); tuning draws are not counted. With cores > 1 the main process receives every
+    draw through a pipe and records it, serially for all chains."""
     import pymc as pm
 
     import pymc_sgmcmc as sg
 
-    times: list[tuple[float, float]] = []
-    thins: list[int] = []
+    records: list[tuple[int, float, float, int]] = []  # chain, wall, CPU, thin
 
     def record(trace, draw):
         if not draw.tuning:
-            times.append((time.perf_counter(), time.process_time()))
-            thins.append(int(draw.stats[0]["thin"]))
+            now = (time.perf_counter(), time.process_time())
+            records.append((draw.chain, *now, int(draw.stats[0]["thin"])))
 
     with problem.model():
         pm.sample(
@@ -200,11 +201,19 @@ def draws_per_second(
             compute_convergence_checks=False,
             callback=record,
         )
-    t = np.asarray(times)
-    first, n = len(t) // 4, len(t) - 1 - len(t) // 4
-    wall, cpu = t[-1] - t[first]
-    steps = sum(thins[first + 1 :])
-    return n / wall, steps / wall, cpu / n * 1e6, sorted(set(thins))
+    chain, wall, cpu, thins = (np.asarray(column) for column in zip(*records, strict=True))
+    per_chain = [wall[chain == c] for c in range(chains)]
+    start = max(times[len(times) // 4] for times in per_chain)
+    end = min(times[-1] for times in per_chain)
+    window = (wall > start) & (wall <= end)
+    first, last = np.flatnonzero(window)[[0, -1]]
+    n = int(window.sum())
+    return (
+        n / (end - start),
+        thins[window].sum() / (end - start),
+        (cpu[last] - cpu[first - 1]) / n * 1e6,
+        sorted(set(thins.tolist())),
+    )
 
 
 #: Tuning draws of the default configuration in ``cores`` (its adaptation needs about 500).
@@ -218,11 +227,14 @@ def cores_table(
     given step size), for cheap draws (``thin`` steps of a fixed step size) and for the
     default ``SGLD()`` (adapted step size, thin = relaxation time), alternated, two runs
     each: the table and its ratios. The ratio is of integrator steps/s: with the defaults
-    each chain adapts its own thin."""
+    each chain adapts its own thin. At thin = 1 each chain makes ``draws * thin`` draws, as
+    many steps as at ``thin``: a few seconds, against a fraction of one, so that the
+    steady window is not a few of the workers' batches."""
     problem = make_problem(key)
     lines = [
-        f"{key} SGLD: steady draws/s and steps/s of all chains (wall time), the main process's "
-        f"CPU per draw, and the thins; thin = 1 and {thin}: {draws} draws per chain at eps = "
+        f"{key} SGLD: steady draws/s and steps/s of all chains while all deliver (wall time), "
+        "the main process's CPU per draw, and the thins; "
+        f"thin = 1: {draws * thin} and thin = {thin}: {draws} draws per chain at eps = "
         f"{STEP_SIZES['SGLD']:g}; default: `SGLD()`, {DEFAULT_TUNE} tuning + {default_draws} "
         "draws per chain",
         "",
@@ -231,7 +243,7 @@ def cores_table(
         "| --- | --- | --- | --- | --- |",
     ]
     configurations = [
-        ("thin = 1", 1, draws),
+        ("thin = 1", 1, draws * thin),
         (f"thin = {thin}", thin, draws),
         ("default", None, default_draws),
     ]

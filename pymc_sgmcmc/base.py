@@ -823,7 +823,7 @@ class SGMCMC(ArrayStepShared):
             self._served = _Served(new_point, RaveledVars(self.last_draw, info))
             return new_point, stats
         raveled, stats = self.astep(served.raveled)
-        new_point = _point_views(raveled)
+        new_point = _point_views(raveled.data, raveled.point_map_info)
         self._served = _Served(new_point, raveled)
         return new_point, stats
 
@@ -836,20 +836,69 @@ class SGMCMC(ArrayStepShared):
             self.chain_start = np.array(theta)
         if self.buffer is None or self.cursor >= len(self.buffer["theta"]):
             self._fill_buffer(theta)
-        i = self.cursor
-        self.cursor += 1
-        draw = self.buffer["theta"][i]
+        if self.stat_rows is None:
+            self.stat_rows = stat_rows({n: v for n, v in self.buffer.items() if n != "theta"})
+        i = self._advance(1)
+        draw = self.last_draw  # the very array: step() recognises the point it hands back
         stats = self.stat_rows[i]  # served once: PyMC's trace copies the values
-        if stats["diverging"]:
-            self.divergences += 1
-        stats["divergences"] = self.divergences
-        self.last_draw = draw
-        if self.draws_left is not None:
-            self.draws_left -= 1
-        self.tune_left -= 1
         if self.tune:
             self._record_tuning_draw(draw, stats)
         return RaveledVars(draw, q0.point_map_info), [stats]
+
+    def step_run(
+        self, point: dict[str, np.ndarray], max_draws: int
+    ) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray], dict[str, np.ndarray]] | None:
+        """Up to ``max_draws`` next draws at once: the rest of the buffered block (the next
+        block once this one is used up), with the draws and stats that as many :meth:`step`
+        calls would give, as arrays.
+
+        For ``pymc_sgmcmc.parallel``'s workers, which hand draws over in batches anyway:
+        :meth:`step`'s per-draw Python (the call, the point dict, a stats dict per draw)
+        costs a third to a half of a P1 SGLD step, paid on the core the main process needs
+        for recording the draws. None where a draw needs :meth:`step`: while tuning (each
+        draw feeds the adaptation) and at a point this step did not serve last (a chain
+        start).
+
+        Returns
+        -------
+        point : dict
+            The last draw, as :meth:`step` returns it (hand it back for the next draws).
+        points : dict
+            Each variable's draws, stacked along a new first axis.
+        stats : dict
+            Each sampler stat's values, one per draw (those of :meth:`step`'s stats dicts).
+        """
+        served = self._served
+        if (
+            self.tune
+            or served is None
+            or point is not served.point
+            or served.raveled.data is not self.last_draw
+        ):
+            return None
+        if self.buffer is None or self.cursor >= len(self.buffer["theta"]):
+            self._fill_buffer(self.last_draw)
+        first = self.cursor
+        last = self._advance(min(max_draws, len(self.buffer["theta"]) - first))
+        run = slice(first, last + 1)
+        info = served.raveled.point_map_info
+        raveled = RaveledVars(self.last_draw, info)
+        self._served = _Served(_point_views(raveled.data, info), raveled)
+        points = _point_views(self.buffer["theta"][run], info)
+        stats = {name: values[run] for name, values in self.buffer.items() if name != "theta"}
+        return self._served.point, points, stats
+
+    def _advance(self, draws: int) -> int:
+        """Serve the next ``draws`` buffered draws: the chain's counters move past them;
+        the index of the last."""
+        last = self.cursor + draws - 1
+        self.cursor += draws
+        self.last_draw = self.buffer["theta"][last]
+        self.divergences = int(self.buffer["divergences"][last])
+        if self.draws_left is not None:
+            self.draws_left -= draws
+        self.tune_left -= draws
+        return last
 
     # ------------------------------------------------------------------ adaptation
     @property
@@ -1084,8 +1133,10 @@ class SGMCMC(ArrayStepShared):
             bad = int(np.argmin(sane))
             self.block_cap = max(1, bad // self.thin)
             buffer = self._truncate_at_divergence(buffer, theta, bad)
+        # The count of divergent draws so far, at each draw (the buffer is served in order).
+        buffer["divergences"] = self.divergences + np.cumsum(buffer["diverging"], dtype=np.int64)
         self.buffer = buffer
-        self.stat_rows = _stat_rows(buffer)
+        self.stat_rows = None  # built at the first draw step() serves from this block
         self.cursor = 0
 
     def _logp_steps(self, n_steps: int) -> tuple[np.ndarray, np.ndarray]:
@@ -1140,12 +1191,13 @@ class _Served(NamedTuple):
     raveled: RaveledVars
 
 
-def _point_views(raveled: RaveledVars) -> dict[str, np.ndarray]:
-    """``DictToArrayBijection.rmap`` without its copies: each variable a view of the draw
-    (a copy only where its dtype differs)."""
-    point, start = {}, 0
-    for name, shape, size, dtype in raveled.point_map_info:
-        value = raveled.data[start : start + size].reshape(shape)
+def _point_views(data: np.ndarray, point_map_info: tuple) -> dict[str, np.ndarray]:
+    """``DictToArrayBijection.rmap`` without its copies: each variable a view of the raveled
+    draw ``data`` (a copy only where its dtype differs); of each of the draws stacked
+    along the leading axes of ``data``."""
+    point, start, leading = {}, 0, data.shape[:-1]
+    for name, shape, size, dtype in point_map_info:
+        value = data[..., start : start + size].reshape((*leading, *shape))
         point[name] = value if value.dtype == dtype else value.astype(dtype)
         start += size
     return point
@@ -1159,13 +1211,13 @@ def _same_point(theta: np.ndarray, last: np.ndarray) -> bool:
     return theta is last or theta.tobytes() == last.tobytes() or np.array_equal(theta, last)
 
 
-def _stat_rows(buffer: dict[str, np.ndarray]) -> list[dict[str, Any]]:
-    """One dict of Python scalars per buffered draw, built once per block (``tolist``), not
-    per draw: with cores > 1 PyMC pickles every draw's stats through a pipe, and NumPy
-    scalars pickle about 10x slower (benchmarks/engine.py)."""
-    names = [name for name in buffer if name != "theta"]
-    columns = [buffer[name].tolist() for name in names]
-    return [dict(zip(names, row, strict=True)) for row in zip(*columns, strict=True)]
+def stat_rows(columns: dict[str, np.ndarray]) -> list[dict[str, Any]]:
+    """One dict of Python scalars per draw from the stats' columns, built for many draws at
+    once (``tolist``), not per draw: NumPy scalars would cost more to make, and PyMC's trace
+    converts the values anyway."""
+    names = list(columns)
+    rows = zip(*(columns[name].tolist() for name in names), strict=True)
+    return [dict(zip(names, row, strict=True)) for row in rows]
 
 
 def _padded(

@@ -5,14 +5,19 @@ pipe, then waits until the main process has taken it (``pymc.sampling.parallel``
 round trip, two process wake-ups, per draw. An SG draw is cheap -- a few integrator steps,
 served from a compiled block -- so the chains spent most of their time in that hand-over:
 with ``thin=10`` two chains on two cores delivered 1.0-1.2x the draws per second of one
-chain, with ``thin=1`` 0.55x; handed over in batches, 1.8-2.1x and 1.0-1.8x (at ``thin=1``
-the workers and the main process, which records every draw, need more than two cores;
-``benchmarks/engine.py cores``).
+chain, with ``thin=1`` 0.55x.
 
 Here a worker computes draws for up to ``BATCH_SECONDS`` (at most as many as fit in its
 shared buffer, ``BATCH_BYTES``), then hands them over together; while the main process
-records a batch, the workers compute the next. Only the hand-over changes: every chain runs
-the same step method from the same generator as with ``cores=1``, so the draws are the same.
+records a batch, the workers compute the next. After tuning a worker takes the rest of each
+compiled block at once (:meth:`~pymc_sgmcmc.base.SGMCMC.step_run`: arrays of draws and
+stats, not a ``step`` call and a stats dict per draw), which leaves the second core to the
+main process, which records every draw. Two chains on two cores then deliver 2.0-2.1x the
+steps per second of one chain with ``thin=10``, 1.8x at ``thin=1`` and 1.8-2.0x with the
+defaults (P1 SGLD, two runs, ``benchmarks/engine_results_cores.md``); at ``thin=1`` a
+``step`` call per draw gave 1.45-1.60x in the same measurement.
+Only the hand-over changes: every chain runs the same step method from the same generator
+as with ``cores=1``, so the draws and stats are the same.
 
 This module's ``ParallelSampler`` takes the place of ``pymc.sampling.parallel.ParallelSampler``
 when ``pymc_sgmcmc`` is imported (``pm.sample`` looks the class up there and offers no other
@@ -30,6 +35,8 @@ import pymc.sampling.parallel as ps
 from pymc.blocking import DictToArrayBijection
 from pymc.progress_bar import MCMCProgressBarManager, default_progress_theme
 from pymc.util import get_state_from_generator
+
+from pymc_sgmcmc.base import SGMCMC, stat_rows
 
 __all__ = ["BATCH_BYTES", "BATCH_SECONDS", "ParallelSampler", "install"]
 
@@ -51,8 +58,11 @@ def batch_capacity(point: dict[str, np.ndarray]) -> int:
 class _BatchProcess(ps._Process):
     """A chain's worker: PyMC's, but handing over a batch of draws per round trip.
 
-    Messages: ``("writing_done", first_draw, count, stats_per_draw)`` once the batch is in the
-    shared buffer (slot k holds draw ``first_draw + k``), answered by ``("write_next",)``."""
+    Messages: ``("writing_done", first_draw, count, stats)`` once the batch is in the shared
+    buffer (slot k holds draw ``first_draw + k``), answered by ``("write_next",)``. ``stats``
+    holds the batch's runs of draws in order: a list of per-draw stats (PyMC's form, from
+    :meth:`~pymc_sgmcmc.base.SGMCMC.step`) or a dict of per-draw columns (from
+    :meth:`~pymc_sgmcmc.base.SGMCMC.step_run`)."""
 
     def _start_loop(self):
         total = self._draws + self._tune  # _draws excludes tuning, as in PyMC's loop
@@ -67,14 +77,25 @@ class _BatchProcess(ps._Process):
         point = {name: np.array(values[0]) for name, values in self._point.items()}  # the start
         draw = 0
         while draw < total:
-            points, stats = [], []
+            runs, count = [], 0  # runs: (each variable's draws, their stats)
             started = time.perf_counter()
-            while draw + len(points) < total and len(points) < capacity:
-                if draw + len(points) == self._tune:
+            while draw + count < total and count < capacity:
+                if draw + count == self._tune:
                     self._step_method.stop_tuning()
-                point, draw_stats = self._step_method.step(point)
-                points.append(point)
-                stats.append(draw_stats)
+                # A zarr trace records draw by draw here, so the draws come one by one too.
+                run = None
+                if not self._zarr_recording:
+                    left = min(capacity - count, total - draw - count)
+                    run = self._step_method.step_run(point, left)
+                if run is None:
+                    point, draw_stats = self._step_method.step(point)
+                    if self._zarr_recording:
+                        in_warmup = draw + count < self._tune
+                        self._zarr_chain.record(point, draw_stats, in_warmup=in_warmup)
+                    run = point, {name: v[None] for name, v in point.items()}, [draw_stats]
+                point, points, stats = run
+                runs.append((points, stats))
+                count += len(next(iter(points.values())))
                 if time.perf_counter() - started >= BATCH_SECONDS:
                     break
 
@@ -83,13 +104,22 @@ class _BatchProcess(ps._Process):
                 raise KeyboardInterrupt()
             if msg[0] != "write_next":
                 raise ValueError("Unknown message " + msg[0])
-            for k, (p, s) in enumerate(zip(points, stats, strict=True)):
-                if self._zarr_recording:
-                    self._zarr_chain.record(p, s, in_warmup=draw + k < self._tune)
-                for name, values in p.items():
-                    self._point[name][k] = values
-            self._msg_pipe.send(("writing_done", draw, len(points), stats))
-            draw += len(points)
+            k = 0
+            for points, _ in runs:
+                n = len(next(iter(points.values())))
+                for name, values in points.items():
+                    self._point[name][k : k + n] = values
+                k += n
+            self._msg_pipe.send(("writing_done", draw, count, [stats for _, stats in runs]))
+            draw += count
+
+
+def _per_draw_stats(runs: list) -> list[list[dict]]:
+    """Each draw's stats in PyMC's form (a list with one dict) from a batch's runs."""
+    stats = []
+    for run in runs:
+        stats += [[row] for row in stat_rows(run)] if isinstance(run, dict) else run
+    return stats
 
 
 def _run_batch_process(*args):
@@ -167,10 +197,10 @@ class _BatchProcessAdapter(ps.ProcessAdapter):
             ) from msg[1]
         if msg[0] != "writing_done":
             raise ValueError("Sampler sent bad message.")
-        _, first, count, stats = msg
+        _, first, count, runs = msg
         proc._readable = True
         proc._num_samples += count
-        return proc, first, count, stats
+        return proc, first, count, _per_draw_stats(runs)
 
 
 class ParallelSampler(ps.ParallelSampler):
@@ -178,8 +208,6 @@ class ParallelSampler(ps.ParallelSampler):
     batches (see the module docstring). Every other step method runs PyMC's own code."""
 
     def __init__(self, *, step_method, **kwargs: Any):
-        from pymc_sgmcmc.base import SGMCMC
-
         self._batched = isinstance(step_method, SGMCMC)
         if not self._batched:
             super().__init__(step_method=step_method, **kwargs)

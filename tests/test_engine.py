@@ -15,6 +15,7 @@ import pytest
 from models import GaussianRegression
 
 from pymc_sgmcmc import SGLD, SGNHT, MCCAdL
+from pymc_sgmcmc.base import stat_rows
 from pymc_sgmcmc.runaway import (
     SPREADS,
     WINDOW,
@@ -113,6 +114,39 @@ def test_a_point_handed_back_is_served_without_pymcs_round_trip_and_gives_the_sa
             assert a[name].shape == initial[name].shape and a[name].dtype == initial[name].dtype
             np.testing.assert_array_equal(a[name], b[name])
     assert len({d["sigma_log__"].item() for d in fast}) == 50  # the chain moves
+
+
+def test_a_run_of_draws_is_what_as_many_steps_give():
+    # SGMCMC.step_run (the parallel workers' path) serves the rest of a block at once: the
+    # same draws, stacked per variable, and the same stats as draw-by-draw step() calls,
+    # across block boundaries (20 draws per block) and for variables of several shapes.
+    with several_variables_model() as model:
+        chains = []
+        for runs in (False, True):
+            step = SGNHT(step_size=1e-3, thin=3, block_steps=60)
+            step.setup_chain(np.random.default_rng(5), tune=0, draws=50)
+            step.stop_tuning()
+            point, [first_stats] = step.step(model.initial_point())  # a start: not a run
+            points, stats = [{n: v[None] for n, v in point.items()}], [first_stats]
+            while sum(len(p["w"]) for p in points) < 50:
+                run = step.step_run(point, 7) if runs else None
+                if run is None:
+                    point, [draw_stats] = step.step(point)
+                    points.append({n: np.array(v)[None] for n, v in point.items()})
+                    stats.append(draw_stats)
+                    continue
+                point, run_points, run_stats = run
+                assert len(run_points["w"]) <= 7
+                points.append(run_points)
+                stats += stat_rows(run_stats)
+            chains.append(({n: np.concatenate([p[n] for p in points]) for n in point}, stats))
+    (steps, step_stats), (runs, run_stats) = chains
+    assert step_stats == run_stats
+    initial = model.initial_point()
+    for name, value in initial.items():
+        assert runs[name].shape == (50, *value.shape) and runs[name].dtype == value.dtype
+        np.testing.assert_array_equal(steps[name], runs[name])
+    assert step.step_run(model.initial_point(), 7) is None  # a point it did not serve
 
 
 @pytest.mark.parametrize("thin", [7, 23])  # 23: the check reads every 10th step, not draws
