@@ -222,8 +222,8 @@ def parallel_chains(lines: list[str]) -> list[Target]:
         "## 5. `cores=2` (two chains) against `cores=1` (one chain), SGLD on P1",
         "",
         "`engine.py cores`'s measurement, in a fresh process: integrator steps/s of all chains "
-        "together over the last three quarters of the draws (wall time), each configuration "
-        "twice.",
+        "together while every chain delivers, from the latest chain's quarter mark of its draws "
+        "(wall time), each configuration twice.",
         "",
         *child["lines"],
         "",
