@@ -10,7 +10,7 @@ chain, with ``thin=1`` 0.55x.
 Here a worker computes draws for up to ``BATCH_SECONDS`` (at most as many as fit in its
 shared buffer, ``BATCH_BYTES``), then hands them over together; while the main process
 records a batch, the workers compute the next. After tuning a worker takes the rest of each
-compiled block at once (:meth:`~pymc_sgmcmc.base.SGMCMC.step_run`: arrays of draws and
+compiled block at once (``SGMCMC.step_run``: arrays of draws and
 stats, not a ``step`` call and a stats dict per draw), which leaves the second core to the
 main process, which records every draw. Two chains on two cores then deliver 2.0-2.1x the
 steps per second of one chain with ``thin=10``, 1.8x at ``thin=1`` and 1.8-2.0x with the
