@@ -827,6 +827,10 @@ class SGMCMC(ArrayStepShared):
         self._served = _Served(new_point, raveled)
         return new_point, stats
 
+    def _stat_columns(self, draws: slice) -> dict[str, np.ndarray]:
+        """Each sampler stat's values at the buffered ``draws``."""
+        return {name: values[draws] for name, values in self.buffer.items() if name != "theta"}
+
     def astep(self, q0: RaveledVars) -> tuple[RaveledVars, list[dict[str, Any]]]:
         theta = q0.data
         if self.last_draw is None or not _same_point(theta, self.last_draw):
@@ -837,10 +841,18 @@ class SGMCMC(ArrayStepShared):
         if self.buffer is None or self.cursor >= len(self.buffer["theta"]):
             self._fill_buffer(theta)
         if self.stat_rows is None:
-            self.stat_rows = stat_rows({n: v for n, v in self.buffer.items() if n != "theta"})
-        i = self._advance(1)
-        draw = self.last_draw  # the very array: step() recognises the point it hands back
+            self.stat_rows = stat_rows(self._stat_columns(slice(None)))
+        # The chain moves past one draw; step_run's counterpart moves past a run of them.
+        # Inline, not shared: these lines run for every draw PyMC's loop steps, and the
+        # helper calls cost 4 % of a P2 draw at thin=1 (benchmarks/engine.py per-draw).
+        i = self.cursor
+        self.cursor += 1
+        draw = self.last_draw = self.buffer["theta"][i]
         stats = self.stat_rows[i]  # served once: PyMC's trace copies the values
+        self.divergences = stats["divergences"]
+        if self.draws_left is not None:
+            self.draws_left -= 1
+        self.tune_left -= 1
         if self.tune:
             self._record_tuning_draw(draw, stats)
         return RaveledVars(draw, q0.point_map_info), [stats]
@@ -868,37 +880,27 @@ class SGMCMC(ArrayStepShared):
         stats : dict
             Each sampler stat's values, one per draw (those of :meth:`step`'s stats dicts).
         """
-        served = self._served
-        if (
-            self.tune
-            or served is None
-            or point is not served.point
-            or served.raveled.data is not self.last_draw
-        ):
+        served = self._served  # as in step(): the point served last, the chain not moved
+        if self.tune or served is None or point is not served.point:
+            return None
+        if served.raveled.data is not self.last_draw:
             return None
         if self.buffer is None or self.cursor >= len(self.buffer["theta"]):
             self._fill_buffer(self.last_draw)
-        first = self.cursor
-        last = self._advance(min(max_draws, len(self.buffer["theta"]) - first))
-        run = slice(first, last + 1)
-        info = served.raveled.point_map_info
-        raveled = RaveledVars(self.last_draw, info)
-        self._served = _Served(_point_views(raveled.data, info), raveled)
-        points = _point_views(self.buffer["theta"][run], info)
-        stats = {name: values[run] for name, values in self.buffer.items() if name != "theta"}
-        return self._served.point, points, stats
-
-    def _advance(self, draws: int) -> int:
-        """Serve the next ``draws`` buffered draws: the chain's counters move past them;
-        the index of the last."""
-        last = self.cursor + draws - 1
-        self.cursor += draws
-        self.last_draw = self.buffer["theta"][last]
-        self.divergences = int(self.buffer["divergences"][last])
+        # The chain moves past the run (astep's counterpart moves past one draw).
+        run = slice(self.cursor, min(self.cursor + max_draws, len(self.buffer["theta"])))
+        draws = run.stop - run.start
+        self.cursor = run.stop
+        self.last_draw = self.buffer["theta"][run.stop - 1]
+        self.divergences = self.buffer["divergences"].item(run.stop - 1)
         if self.draws_left is not None:
             self.draws_left -= draws
         self.tune_left -= draws
-        return last
+        info = served.raveled.point_map_info
+        raveled = RaveledVars(self.last_draw, info)
+        new_point = _point_views(self.last_draw, info)
+        self._served = _Served(new_point, raveled)
+        return new_point, _point_views(self.buffer["theta"][run], info), self._stat_columns(run)
 
     # ------------------------------------------------------------------ adaptation
     @property
@@ -1193,13 +1195,15 @@ class _Served(NamedTuple):
 
 def _point_views(data: np.ndarray, point_map_info: tuple) -> dict[str, np.ndarray]:
     """``DictToArrayBijection.rmap`` without its copies: each variable a view of the raveled
-    draw ``data`` (a copy only where its dtype differs); of each of the draws stacked
-    along the leading axes of ``data``."""
+    draw ``data`` (a copy only where its dtype differs); of each draw, stacked along the
+    first axis, for draws stacked as the rows of ``data``."""
     point, start, leading = {}, 0, data.shape[:-1]
     for name, shape, size, dtype in point_map_info:
-        value = data[..., start : start + size].reshape((*leading, *shape))
+        end = start + size
+        # A plain slice for one draw: this runs for every draw PyMC's loop steps.
+        value = (data[:, start:end] if leading else data[start:end]).reshape(leading + shape)
         point[name] = value if value.dtype == dtype else value.astype(dtype)
-        start += size
+        start = end
     return point
 
 
