@@ -51,7 +51,7 @@ from rich.table import Column
 from pymc_sgmcmc.adaptation import WindowVariance, adaptation_boundaries
 from pymc_sgmcmc.gather_dot import with_gather_dot
 from pymc_sgmcmc.gram_product import with_covariance_kernels
-from pymc_sgmcmc.jax_compile import with_jax_reductions
+from pymc_sgmcmc.jax_compile import DeviceData, with_jax_reductions
 from pymc_sgmcmc.model_layer import (
     ONE_OFF_MODE,
     SHRINKAGE_TARGETS,
@@ -575,6 +575,8 @@ class SGMCMC(ArrayStepShared):
         self._block_graph_inputs = ([state0[n] for n in names], kernel, kwargs)
         self._functions = (init_fn, names, list(evaluated))
         self._block_functions = {}
+        # JAX: the data the blocks read, kept on the device (jax_compile.DeviceData).
+        self._device_data: DeviceData | None = None
 
     @property
     def block_length(self) -> int:
@@ -670,6 +672,11 @@ class SGMCMC(ArrayStepShared):
             return_updates=False,
         )
         states, traces = outputs[: len(names)], outputs[len(names) :]
+        final_and_traces = [*(s[-1] for s in states), *traces]
+        if self.static_shapes:
+            if self._device_data is None:
+                self._device_data = DeviceData(final_and_traces)
+            kwargs = {**kwargs, "givens": self._device_data.givens}
         block_fn = self._function(
             [
                 *states0,
@@ -680,7 +687,7 @@ class SGMCMC(ArrayStepShared):
                 logp_seq,
                 *kernel,
             ],
-            [*(s[-1] for s in states), *traces],
+            final_and_traces,
             kwargs,
         )
         self._block_functions[length] = (block_fn, stat_names)
@@ -720,7 +727,7 @@ class SGMCMC(ArrayStepShared):
         # Compiled functions are rebuilt lazily in each worker process (cores > 1).
         state = self.__dict__.copy()
         state["_functions"] = None
-        for name in ("target", "_block_functions", "_block_graph_inputs"):
+        for name in ("target", "_block_functions", "_block_graph_inputs", "_device_data"):
             state.pop(name, None)
         return state
 
@@ -1094,6 +1101,8 @@ class SGMCMC(ArrayStepShared):
             [np.ones(n_steps, dtype=bool), wanted],
             length,
         )
+        if self._device_data is not None:
+            self._device_data.refresh()
         with plain_assignment_errors():  # numba compiles the block at its first call
             out = block_fn(*(self.chain_state[n] for n in names), *sequences, *self._kernel)
         # JAX returns read-only views of its buffers, which PyMC's trace cannot take.
