@@ -235,10 +235,14 @@ def parallel_chains(lines: list[str]) -> list[Target]:
 
 
 def accelerator() -> Target:
+    """JAX's devices here; without one, where ``benchmarks/gpu.py`` last measured a GPU (a
+    machine lent for a session: its results file, not this run)."""
     import jax
 
     devices = [d for d in jax.devices() if d.platform != "cpu"]
     found = ", ".join(str(d) for d in devices) or "none on this machine"
+    if not devices and (HERE / "gpu_results.md").exists():
+        found += "; a lent GPU measured apart: `gpu_results.md`"
     return ("an accelerator, measured there", "if available", found, None if not devices else True)
 
 
