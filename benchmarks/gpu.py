@@ -24,7 +24,8 @@ one CPU core busy, the numba part the others)::
     python benchmarks/gpu.py numba --out DIR     # the default backend, on the CPU
     python benchmarks/gpu.py report DIR [--output benchmarks/gpu_results.md]
 
-``--quick`` shrinks the problems (a dry run on a machine without a GPU).
+``--quick`` shrinks the problems (a dry run on a machine without a GPU); ``--problems``,
+``--samplers`` and ``--end-to-end`` choose what runs.
 """
 
 from __future__ import annotations
@@ -204,7 +205,15 @@ def environment() -> dict:
     return env
 
 
-def run_part(part: str, out: Path, quick: bool, repeats: int) -> None:
+def run_part(
+    part: str,
+    out: Path,
+    quick: bool,
+    repeats: int,
+    problems: list[str],
+    samplers: list[str],
+    end_to_end_samplers: list[str],
+) -> None:
     import pymc as pm  # noqa: F401  (before the clock starts)
 
     mode = "JAX" if part == "jax" else None
@@ -223,9 +232,11 @@ def run_part(part: str, out: Path, quick: bool, repeats: int) -> None:
     record(kind="environment", part=part, **env)
     started = time.perf_counter()
     for key, names in PLAN:
+        if key not in problems:
+            continue
         setup = Setup(key, quick)
         big = key == "P1x10"
-        for name in names:
+        for name in (n for n in names if n in samplers):
             variants = [("float64", None)]
             if mode and name == "SGLD":
                 variants += [("per-call data", data_passed_at_each_call), ("float32", None)]
@@ -247,7 +258,7 @@ def run_part(part: str, out: Path, quick: bool, repeats: int) -> None:
                 record(kind="block", part=part, problem=key, sampler=name, variant=variant, **row)
     setup = Setup("P1", quick)
     draws = {}
-    for name in ("SGLD", "mCCAdL"):
+    for name in end_to_end_samplers:
         try:
             row, draws[name] = end_to_end(setup, name, mode)
         except Exception as exc:
@@ -351,6 +362,11 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--output", type=Path, default=None)
+    parser.add_argument("--problems", nargs="+", default=[key for key, _ in PLAN])
+    parser.add_argument("--samplers", nargs="+", default=list(SAMPLERS))
+    parser.add_argument(
+        "--end-to-end", nargs="*", default=["SGLD", "mCCAdL"], choices=["SGLD", "mCCAdL"]
+    )
     args = parser.parse_args()
     warnings.filterwarnings("ignore")
     if args.part == "report":
@@ -360,7 +376,15 @@ def main() -> None:
             args.output.write_text(text)
         return
     args.out.mkdir(parents=True, exist_ok=True)
-    run_part(args.part, args.out, args.quick, args.repeats)
+    run_part(
+        args.part,
+        args.out,
+        args.quick,
+        args.repeats,
+        args.problems,
+        args.samplers,
+        args.end_to_end,
+    )
 
 
 if __name__ == "__main__":

@@ -51,7 +51,7 @@ from rich.table import Column
 from pymc_sgmcmc.adaptation import WindowVariance, adaptation_boundaries
 from pymc_sgmcmc.gather_dot import with_gather_dot
 from pymc_sgmcmc.gram_product import with_covariance_kernels
-from pymc_sgmcmc.jax_compile import DeviceData, with_jax_reductions
+from pymc_sgmcmc.jax_compile import DeviceData, for_jax
 from pymc_sgmcmc.model_layer import (
     ONE_OFF_MODE,
     SHRINKAGE_TARGETS,
@@ -699,9 +699,7 @@ class SGMCMC(ArrayStepShared):
         # The host passes float64 arrays to a float32 model's functions (one cast per block).
         kwargs = {
             **kwargs,
-            "mode": with_jax_reductions(
-                with_covariance_kernels(with_gather_dot(kwargs.get("mode")))
-            ),
+            "mode": for_jax(with_covariance_kernels(with_gather_dot(kwargs.get("mode")))),
             "allow_input_downcast": True,
         }
         # Fast math without reassociation: the same draws whether this process compiled the

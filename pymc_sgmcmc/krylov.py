@@ -23,10 +23,11 @@ longer has a loop nested in the block's. At the default tolerances the kernels r
 in float32 (:data:`SINGLE_PRECISION_ROWS`): 2.60 and 3.01 (2026-11-26 03:54 UTC); with the
 trace of Sigma computed at the stored steps only, 2.47-2.56 and 2.99-3.13 (05:52, 06:36 UTC).
 
-As with the Gram product, only the numba backend has the kernels; the rewrite
-``expand_krylov_kernels`` builds the loop graphs in their place for the others, and
-:func:`~pymc_sgmcmc.gram_product.with_covariance_kernels` excludes it, with the Gram product's,
-for the samplers' numba blocks.
+The numba backend and JAX have the kernels (JAX's are while loops,
+:mod:`pymc_sgmcmc.jax_compile`); the rewrite ``expand_krylov_kernels`` builds the loop graphs
+in their place for the others, and :func:`~pymc_sgmcmc.gram_product.with_covariance_kernels`
+and :func:`~pymc_sgmcmc.jax_compile.for_jax` exclude it for the samplers' numba and JAX
+blocks.
 """
 
 from __future__ import annotations
@@ -357,9 +358,11 @@ def expand_lanczos_expm(fgraph, node):
     return [pt.specify_shape(result, node.outputs[0].type.shape), count]
 
 
+#: Name of the rewrite that expands the kernels into loop graphs (for backends without them).
+EXPAND_KRYLOV = "expand_krylov_kernels"
 # Before the Gram product's expansion (0.05), which then expands the products in their loops.
 optdb.register(
-    "expand_krylov_kernels",
+    EXPAND_KRYLOV,
     in2out(expand_lanczos_expm, expand_shifted_solve),
     "fast_run",
     "fast_compile",

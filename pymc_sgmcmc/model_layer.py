@@ -48,7 +48,6 @@ from pymc_sgmcmc.krylov import (
     LowRankShiftedSolve,
     conjugate_gradients,
     lanczos_expm,
-    low_rank_matvec,
     reads_single_precision_rows,
 )
 from pymc_sgmcmc.numba_compile import deterministic_fastmath
@@ -825,16 +824,17 @@ class Covariance:
     ) -> Variable:
         """The same solve by conjugate gradients, with matrix-vector products only
         (:func:`~pymc_sgmcmc.krylov.conjugate_gradients`; in one kernel for the low-rank
-        estimate's forms, :class:`~pymc_sgmcmc.krylov.LowRankShiftedSolve`, except with
-        ``fixed_count``).
+        estimate's forms, :class:`~pymc_sgmcmc.krylov.LowRankShiftedSolve`, which stops early
+        under JAX too).
 
         Stops when the residual falls below ``tolerance`` times ||v|| (default 1e-10; in
         float32 at least 1e-5, since its rounding leaves residuals of about 1e-6) or after
         ``iterations`` products. The matrix is well conditioned (its eigenvalues lie in
         [alpha, alpha + b lambda_max]), so a few iterations usually suffice: with a shrunk
         estimate (``ShrunkCovariance``) the spread, hence the count, drops further.
-        ``fixed_count=True`` (for JAX, which has no data-dependent loop) always runs
-        ``iterations`` products and freezes the iterate once converged: the same result."""
+        ``fixed_count=True`` (for JAX, whose scans have no data-dependent length) always runs
+        ``iterations`` products on the other forms and freezes the iterate once converged:
+        the same result."""
         floor = 1e-5 if v.type.dtype == "float32" else 0.0
         tolerance = max(1e-10 if tolerance is None else tolerance, floor)
         single = reads_single_precision_rows("cg", tolerance)
@@ -845,13 +845,11 @@ class Covariance:
                 return alpha * x + b * self.matvec(x)
 
         else:
-            # alpha I + b (c S Gc^T Gc S + d): in one kernel (:mod:`pymc_sgmcmc.krylov`), or
-            # for JAX as the loop graph on the same operator (the same rows, float32 or not).
+            # alpha I + b (c S Gc^T Gc S + d): in one kernel (:mod:`pymc_sgmcmc.krylov`; in
+            # JAX, :func:`pymc_sgmcmc.jax_compile.shifted_cg`).
             g, mean, columns, gain, shift = parts
             operator = (g, mean, columns, b * gain, alpha + b * shift)
-            if not fixed_count:
-                return LowRankShiftedSolve(tolerance, iterations)(*operator, v)
-            apply = low_rank_matvec(*operator)
+            return LowRankShiftedSolve(tolerance, iterations)(*operator, v)
         return conjugate_gradients(apply, v, iterations, tolerance, fixed_count)
 
     def expm_matvec(
@@ -865,13 +863,13 @@ class Covariance:
         """exp(scale Sigma) v for scale <= 0 with Sigma-vector products only: the Lanczos
         process with a bound on its error (:func:`~pymc_sgmcmc.krylov.lanczos_expm`, where
         the arguments are described), in one kernel for the low-rank estimate's forms
-        (:class:`~pymc_sgmcmc.krylov.LowRankExpm`; not with ``fixed_count``, for JAX).
-        Returns (result, number of Sigma-vector products)."""
+        (:class:`~pymc_sgmcmc.krylov.LowRankExpm`, which stops early under JAX too;
+        ``fixed_count`` applies to the other forms). Returns (result, number of Sigma-vector
+        products)."""
         single = reads_single_precision_rows("expm", tolerance)
         parts = self.low_rank_parts(single_precision_rows=single)
-        if parts is None or fixed_count:  # JAX: the loop graph, on the kernel's operator
-            matvec = self.matvec if parts is None else low_rank_matvec(*parts)
-            return lanczos_expm(matvec, scale, v, tolerance, max_products, fixed_count)
+        if parts is None:
+            return lanczos_expm(self.matvec, scale, v, tolerance, max_products, fixed_count)
         return LowRankExpm(tolerance, max_products)(*parts, -pt.as_tensor(scale), v)
 
     def low_rank_parts(self, single_precision_rows: bool = False) -> tuple[Variable, ...] | None:

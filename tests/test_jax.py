@@ -199,3 +199,63 @@ def test_jax_blocks_read_their_data_on_the_device_and_see_set_data():
     # The new data flip the posterior: the second chain is near minus the first.
     first, second = (r.posterior["w"].values[0, 30:].mean(0) for r in runs["JAX"])
     np.testing.assert_allclose(second, -first, atol=0.2)
+
+
+@pytest.mark.parametrize(
+    ("name", "kernel", "stat"),
+    [("MCCAdL", "LowRankExpm", "expm_products"), ("NOGIN", "LowRankShiftedSolve", None)],
+)
+def test_jax_blocks_run_the_low_rank_kernels_which_stop_early(name, kernel, stat):
+    # Under JAX the low-rank estimate's Krylov loops are the kernels' while loops (which
+    # stop where the default backend's stop), not scans of all their iterations: the block
+    # holds the kernel and no nested scan, and mCCAdL's product counts equal the default's.
+    from pytensor.scan.op import Scan
+
+    runs = []
+    for mode in (None, "JAX"):
+        with small_model():
+            step = SAMPLERS[name](block_steps=50, mode=mode)
+            runs.append(pm.sample(step=step, random_seed=5, tune=0, draws=50, **SAMPLE_KWARGS))
+    outer = step._block_function()[0].maker.fgraph.apply_nodes
+    (block_scan,) = [node.op for node in outer if isinstance(node.op, Scan)]
+    inner = [node.op for node in block_scan.fgraph.apply_nodes]
+    assert kernel in {type(op).__name__ for op in inner}
+    assert not any(isinstance(op, Scan) for op in inner)
+    assert_same_chain(*runs)
+    if stat:
+        counts = [r.sample_stats[stat].values for r in runs]
+        np.testing.assert_array_equal(counts[1], counts[0])
+        assert counts[1].max() < 10
+
+
+def test_jax_low_rank_kernels_equal_the_numba_kernels():
+    # The while loops step for step: the same products, counts, results (both sizes of the
+    # decomposed tridiagonal block: up to 8 products and more) and NaN at a cap too low.
+    from pymc_sgmcmc.gram_product import with_covariance_kernels
+    from pymc_sgmcmc.jax_compile import SMALL_TRIDIAGONAL, for_jax
+    from pymc_sgmcmc.krylov import LowRankExpm, LowRankShiftedSolve
+
+    rng = np.random.default_rng(0)
+    g = rng.standard_normal((40, 12))
+    operator = [g, g.mean(0), rng.uniform(0.5, 2.0, 12), 0.1, rng.uniform(1.0, 2.0, 12)]
+    v = rng.standard_normal(12)
+    inputs = [pt.matrix(), pt.vector(), pt.vector(), pt.scalar(), pt.vector(), pt.scalar()]
+    vector = pt.vector()
+    counts = []
+    for cap in (64, 4):
+        outputs = [
+            *LowRankExpm("double", cap)(*inputs, vector),
+            LowRankShiftedSolve(1e-12, 200)(*inputs[:5], vector),
+        ]
+        on_numba, on_jax = (
+            pytensor.function([*inputs, vector], outputs, mode=prepare(mode))
+            for prepare, mode in ((with_covariance_kernels, "NUMBA"), (for_jax, "JAX"))
+        )
+        for t in (0.001, 0.2):
+            expected, result = on_numba(*operator, t, v), on_jax(*operator, t, v)
+            np.testing.assert_allclose(result[0], expected[0], rtol=0, atol=1e-14)
+            assert result[1] == expected[1]
+            np.testing.assert_allclose(result[2], expected[2], rtol=0, atol=1e-12)
+            counts.append(int(result[1]))
+            assert np.isnan(result[0]).all() == (cap == 4)
+    assert min(counts) <= SMALL_TRIDIAGONAL < max(counts) < 64

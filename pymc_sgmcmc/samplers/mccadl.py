@@ -136,7 +136,8 @@ class MCCAdL(Thermostatted):
         a-posteriori error estimate meets it, else treated as a divergence. Far enough from
         the cap at the papers' step sizes near the posterior (3 products at h = 1e-3, 11 at
         h = 5e-3 on the D = 100 regression) and in the transient from theta = 0 (about 30
-        at h = 1e-3). With ``mode="JAX"``, which cannot run a loop of data-dependent length,
+        at h = 1e-3). With ``mode="JAX"`` the low-rank estimate's loop stops there too (a JAX
+        while loop); the other forms of :math:`\Sigma` run a scan, whose length is fixed:
         every step runs this many iterations (those after the stop change nothing).
     **kwargs
         ``thin``, ``block_steps``, ``mode``, ``compile_kwargs``, ``model``,
@@ -273,7 +274,7 @@ class MCCAdL(Thermostatted):
         p = ornstein_uhlenbeck(p, xi, a, half, noise[0])  # O(h/2) with the old xi
         xi_new = thermostat(xi, p, half, mu)  # D(h/2)
         if exp_damping is None:
-            p, products = sigma.expm_matvec(  # C(h); JAX runs a fixed count
+            p, products = sigma.expm_matvec(  # C(h); JAX: a fixed count unless low-rank
                 -(h**2) / 2.0, p, self.expm_tolerance, self.expm_max_products, self.static_shapes
             )
         else:

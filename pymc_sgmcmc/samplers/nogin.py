@@ -14,8 +14,9 @@ from pymc_sgmcmc.operators import damping, drift, kick, kinetic_temperature
 #: Largest min(D, n) for which ``solver="auto"`` forms the D x D (or n x n) system: above it,
 #: conjugate gradients' few O(nD) products cost less than the O(n min(D, n)^2) system.
 DIRECT_SOLVE_MAX_SIZE = 32
-#: Conjugate-gradient iterations under JAX, which runs them all (about 10 times the 5-8 a step
-#: at h = 1e-3 needs on the D = 100 regression).
+#: Conjugate-gradient iterations under JAX: a cap for the low-rank estimate's kernel (a JAX
+#: while loop), all of them for the other forms (a scan); about 10 times the 5-8 a step at
+#: h = 1e-3 needs on the D = 100 regression.
 JAX_CG_ITERATIONS = 50
 
 __all__ = ["NOGIN"]
@@ -55,7 +56,8 @@ class NOGIN(SGMCMC):
         :math:`n \min(D, n)^2` to form); "cg": conjugate gradients with :math:`\Sigma`-vector
         products only (O(nD) each; in one numba kernel with the low-rank estimate,
         :class:`~pymc_sgmcmc.krylov.LowRankShiftedSolve`), stopped at relative residual
-        ``cg_tolerance`` (at most 200 iterations; with ``mode="JAX"`` always 50, the iterate
+        ``cg_tolerance`` (at most 200 iterations; with ``mode="JAX"`` at most 50, and for
+        the forms of :math:`\Sigma` other than the low-rank estimate always 50, the iterate
         frozen once converged). "auto" takes "direct" when :math:`\min(D, n) \le 32` and "cg"
         otherwise: at D = 100, n = 500 a CG step costs less than a fifth of a direct one (49
         against 271 µs, ``benchmarks/covariance_results_cost.md``).
@@ -263,7 +265,8 @@ class NOGIN(SGMCMC):
         if inverse is not None:  # made by the last update of a periodic average
             solved = damping(p, inverse)
         elif self._solver() == "cg":
-            # JAX has no loop of data-dependent length: a fixed count, frozen once converged.
+            # JAX scans have no data-dependent length: a fixed count, frozen once converged
+            # (the low-rank estimate's kernel stops early, capped at this count).
             fixed = {"iterations": JAX_CG_ITERATIONS, "fixed_count": True}
             solved = sigma.solve_shifted_cg(
                 1.0 + lam2,
