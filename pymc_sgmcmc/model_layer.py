@@ -839,17 +839,16 @@ class Covariance:
         tolerance = max(1e-10 if tolerance is None else tolerance, floor)
         single = reads_single_precision_rows("cg", tolerance)
         parts = self.low_rank_parts(single_precision_rows=single)
-        if parts is None:
-
-            def apply(x):
-                return alpha * x + b * self.matvec(x)
-
-        else:
+        if parts is not None:
             # alpha I + b (c S Gc^T Gc S + d): in one kernel (:mod:`pymc_sgmcmc.krylov`; in
             # JAX, :func:`pymc_sgmcmc.jax_compile.shifted_cg`).
             g, mean, columns, gain, shift = parts
             operator = (g, mean, columns, b * gain, alpha + b * shift)
             return LowRankShiftedSolve(tolerance, iterations)(*operator, v)
+
+        def apply(x):
+            return alpha * x + b * self.matvec(x)
+
         return conjugate_gradients(apply, v, iterations, tolerance, fixed_count)
 
     def expm_matvec(
