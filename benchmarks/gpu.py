@@ -58,8 +58,8 @@ BUDGET_S = 300.0
 
 # ---------------------------------------------------------------------- problems
 class Setup:
-    """A problem's model factory, starting point and step sizes (h = 0.1 / sqrt(curvature),
-    SGLD eps = h^2; a tenth of the stable step, well inside it, so no timed block diverges)."""
+    """A problem's model factory, starting point and step sizes: h = 0.1 / sqrt(largest
+    curvature), SGLD's eps = h^2, far inside the stable range, so no timed block diverges."""
 
     def __init__(self, key: str, quick: bool):
         from models import GaussianRegression
@@ -72,6 +72,8 @@ class Setup:
                 problem.X, problem.y = problem.X[:20_000], problem.y[:20_000]
             self.model = lambda dtype="float64": problem.model(dtype=dtype)
             self.start = np.zeros(problem.dim)
+            # At most 1/4 of X^T X's largest eigenvalue, N (1 + sqrt(D / N))^2 for these
+            # standard-normal features (Marchenko-Pastur edge).
             curvature = 0.25 * len(problem.y) * (1 + np.sqrt(problem.dim / len(problem.y))) ** 2
             self.exact = None
         else:
