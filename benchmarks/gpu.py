@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import platform
 import statistics
 import subprocess
 import sys
@@ -48,6 +47,8 @@ import numpy as np
 HERE = Path(__file__).parent
 sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parent / "tests"))
+
+from report import machine, versions  # noqa: E402
 
 SAMPLERS = ("SGLD", "SGNHT", "mCCAdL", "NOGIN")
 #: (problem, samplers) measured in both parts.
@@ -65,7 +66,6 @@ class Setup:
         from models import GaussianRegression
         from problems import make_problem
 
-        self.key = key
         if key == "P4":
             problem = make_problem("P4")
             if quick:
@@ -177,24 +177,8 @@ def end_to_end(setup: Setup, name: str, mode: str | None) -> tuple[dict, np.ndar
 
 
 def environment() -> dict:
-    import importlib.metadata as md
-
-    env = {
-        "date": f"{datetime.now(UTC):%Y-%m-%d %H:%M} UTC",
-        "python": platform.python_version(),
-        "cpu": platform.processor(),
-    }
-    for pkg in ("pymc", "pytensor", "numpy", "numba", "jax", "jaxlib"):
-        try:
-            env[pkg] = md.version(pkg)
-        except md.PackageNotFoundError:
-            env[pkg] = "not installed"
-    try:
-        with open("/proc/cpuinfo") as f:
-            names = [line.split(":", 1)[1].strip() for line in f if line.startswith("model name")]
-        env["cpu"] = f"{names[0]}, {len(names)} logical cores"
-    except (OSError, IndexError):
-        pass
+    """Date, machine and versions (``report``'s, as every results file has them), and the GPU."""
+    env = {"date": f"{datetime.now(UTC):%Y-%m-%d %H:%M} UTC", **machine(), **versions()}
     try:
         smi = [
             "nvidia-smi",

@@ -92,10 +92,10 @@ class DeviceData:
             if not (isinstance(var, SharedVariable) and isinstance(var.type, TensorType)):
                 continue  # the minibatch generators are the JAX linker's own concern
             value = var.get_value(borrow=True)
-            copy = pytensor.shared(value, name=var.name, shape=var.type.shape, borrow=True)
-            if copy.type == var.type:
-                self.originals.append(var)
-                self.copies.append(copy)
+            self.originals.append(var)
+            self.copies.append(
+                pytensor.shared(value, name=var.name, shape=var.type.shape, borrow=True)
+            )
         self._uploaded: list[np.ndarray | None] = [None] * len(self.copies)
 
     @property
