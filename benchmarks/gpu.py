@@ -13,6 +13,10 @@ indices and noise), as wall time, the median of ``--repeats`` fills, with the ho
   on the device instead), and
 * ``float32``: the model built under ``floatX = "float32"``,
 
+and for mCCAdL and NOGIN ``previous kernels``: the Krylov kernels as they were before the
+Taylor series of the small tridiagonal exponential and the unrolled CG iterations
+(``benchmarks/jax_krylov.py`` times the kernels alone),
+
 and both parts run ``pm.sample`` end to end (SGLD and mCCAdL with their defaults on P1,
 1,000 tuning draws and 1,000 draws), checking the posterior against the exact one; the two
 backends' draws are compared too (they start from the same seed).
@@ -146,6 +150,21 @@ def data_passed_at_each_call():
         DeviceData.refresh = kept
 
 
+@contextmanager
+def previous_krylov_kernels():
+    """The JAX Krylov kernels as they were before ``jax_compile``'s Taylor series and
+    unrolled conjugate gradients: exp(-t T) e_1 always from the eigen-decomposition, and
+    every CG iteration in the while loop (the constants are read when a block is traced)."""
+    from pymc_sgmcmc import jax_compile
+
+    kept = jax_compile.TAYLOR_RADIUS, jax_compile.CG_UNROLLED
+    jax_compile.TAYLOR_RADIUS, jax_compile.CG_UNROLLED = -1.0, 0
+    try:
+        yield
+    finally:
+        jax_compile.TAYLOR_RADIUS, jax_compile.CG_UNROLLED = kept
+
+
 def end_to_end(setup: Setup, name: str, mode: str | None) -> tuple[dict, np.ndarray]:
     """``pm.sample`` as a user runs it (the sampler's defaults: step size and thin adapted
     during tuning, from PyMC's initial point): wall time and the posterior's errors."""
@@ -226,6 +245,8 @@ def run_part(
             variants = [("float64", None)]
             if mode and name == "SGLD":
                 variants += [("per-call data", data_passed_at_each_call), ("float32", None)]
+            if mode and name in ("mCCAdL", "NOGIN"):
+                variants += [("previous kernels", previous_krylov_kernels)]
             for variant, context in variants:
                 if time.perf_counter() - started > BUDGET_S:
                     record(kind="skipped", problem=key, sampler=name, variant=variant)
@@ -288,7 +309,7 @@ def report(folder: Path) -> list[str]:
 
     for key, names in PLAN:
         for name in names:
-            for variant in ("float64", "per-call data", "float32"):
+            for variant in ("float64", "per-call data", "float32", "previous kernels"):
                 jax_row = blocks.get((key, name, variant, "jax"))
                 cpu_row = blocks.get((key, name, "float64", "numba"))
                 if jax_row is None:

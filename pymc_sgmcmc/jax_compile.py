@@ -25,7 +25,10 @@ iterations (64 Lanczos products where about 3 are needed). For the low-rank esti
 the samplers use by default, :class:`~pymc_sgmcmc.krylov.LowRankExpm` and
 :class:`~pymc_sgmcmc.krylov.LowRankShiftedSolve` are kept whole under JAX
 (:func:`for_jax`) and run as :func:`lanczos_expm` and :func:`shifted_cg`, ``lax.while_loop``
-versions of the numba kernels that stop where those stop.
+versions of the numba kernels that stop where those stop. On a GPU a library call or a loop
+iteration costs more than the arithmetic of these small problems, so a Lanczos run that
+stops early takes exp(-t T) e_1 from a Taylor series rather than an eigen-solver call, and
+the first conjugate-gradient iterations are straight-line code.
 """
 
 from __future__ import annotations
@@ -115,12 +118,22 @@ class DeviceData:
 
 
 # ---------------------------------------------------------------------- Krylov kernels
-# (See the module docstring.) On an H100, mCCAdL's step on the D = 100 regression (about 3
-# products) took 2.2 ms with the scan of 64 iterations and 0.58 ms with the while loop
-# (``benchmarks/gpu_results.md``).
-#: Lanczos runs of at most this many products decompose this leading block of the tridiagonal
-#: matrix (zero beyond the count), not the whole ``max_products`` square.
+# (See the module docstring.) Each kernel launch on a GPU costs microseconds whatever its size,
+# and a library call more: mCCAdL's step on the D = 100 regression took 2.2 ms on an H100 with
+# the scan of 64 Lanczos iterations, and 0.54 ms with the while loop on an H200, of which about
+# 0.3 ms was the 8 x 8 eigen-decomposition (cuSOLVER), which the Taylor series below replaces
+# (``benchmarks/gpu_results.md``, ``benchmarks/jax_krylov_results.md``).
+#: Lanczos runs that stop within this many products take exp(-t T) e_1 from a Taylor series
+#: of this leading block of the tridiagonal T (zero beyond the count).
 SMALL_TRIDIAGONAL = 8
+#: ... when the shifted block -t (T - mu I) has infinity norm at most TAYLOR_RADIUS, where the
+#: series to TAYLOR_DEGREE is exact to 0.5^16 / 16! e^0.5 = 1.2e-18 relative; other runs (and
+#: the a-posteriori check at the cap) take the eigen-decomposition of T, as the numba kernel.
+TAYLOR_RADIUS, TAYLOR_DEGREE = 0.5, 15
+#: Conjugate-gradient iterations run as straight-line code (each frozen once the residual is
+#: small enough) before a while loop takes over: a GPU's while loop costs a device-to-host
+#: copy of its condition per iteration.
+CG_UNROLLED = 8
 _registered = False
 
 
@@ -167,8 +180,11 @@ def _low_rank_operator(g, mean, columns, gain, shift):
 
 def lanczos_expm(g, mean, columns, gain, shift, t, v, u, max_products):
     """``krylov._lanczos_expm`` in JAX: the same iterations, stopping rule, tridiagonal
-    matrix, result and a-posteriori check at the cap; the basis and T are padded to
-    ``max_products`` with zeros, which leave the result unchanged."""
+    matrix T, result and a-posteriori check at the cap; the basis and T are padded to
+    ``max_products`` with zeros, which leave the result unchanged. exp(-t T) e_1 comes from
+    T's eigen-decomposition, as in numba, except for a run that stopped within
+    ``SMALL_TRIDIAGONAL`` products with a small shifted T (the usual case), which takes it
+    from a Taylor series (``_expm_e1_taylor``, equal to rounding)."""
     import jax.numpy as jnp
     from jax import lax
 
@@ -219,35 +235,79 @@ def lanczos_expm(g, mean, columns, gain, shift, t, v, u, max_products):
         }
 
     s = lax.while_loop(running, lanczos_step, start)
+    small = min(SMALL_TRIDIAGONAL, max_products)
+    shifted = _shifted_tridiagonal(s["alphas"][:small], s["couplings"][:small], s["count"], t)
 
-    def finish(size):
-        # exp(-t T) e_1 from the leading size x size block of T (zero beyond the count).
-        off = s["couplings"][: size - 1]
-        tridiagonal = jnp.diag(s["alphas"][:size]) + jnp.diag(off, 1) + jnp.diag(off, -1)
-        eigenvalues, vectors = jnp.linalg.eigh(tridiagonal)
-        first = vectors[0]
-        coefficients = vectors @ (jnp.exp(-t * eigenvalues) * first)
-        result = norm_v * (coefficients @ s["basis"][:size])
-        small = t * jnp.abs(eigenvalues) < 1e-8
-        phi = jnp.where(small, t, -jnp.expm1(-t * eigenvalues) / jnp.where(small, 1.0, eigenvalues))
-        estimate = s["beta_prev"] * jnp.abs(vectors[s["count"] - 1] @ (phi * first))
-        return result, estimate
+    def by_taylor_series(s):
+        return norm_v * (_expm_e1_taylor(*shifted) @ s["basis"][:small])
 
-    if max_products > SMALL_TRIDIAGONAL:
-        result, estimate = lax.cond(
-            s["count"] <= SMALL_TRIDIAGONAL,
-            lambda: finish(SMALL_TRIDIAGONAL),
-            lambda: finish(max_products),
-        )
-    else:
-        result, estimate = finish(max_products)
-    accepted = s["stop"] | (estimate <= max(u, 100 * float(eps)))  # NaN fails
-    return jnp.where(accepted, result, jnp.nan).astype(dtype), s["count"].astype("int64")
+    def by_eigen_decomposition(size):
+        def finish(s):
+            off = s["couplings"][: size - 1]
+            tridiagonal = jnp.diag(s["alphas"][:size]) + jnp.diag(off, 1) + jnp.diag(off, -1)
+            eigenvalues, vectors = jnp.linalg.eigh(tridiagonal)
+            first = vectors[0]
+            coefficients = vectors @ (jnp.exp(-t * eigenvalues) * first)
+            result = norm_v * (coefficients @ s["basis"][:size])
+            tiny_exponent = t * jnp.abs(eigenvalues) < 1e-8
+            phi = jnp.where(
+                tiny_exponent,
+                t,
+                -jnp.expm1(-t * eigenvalues) / jnp.where(tiny_exponent, 1.0, eigenvalues),
+            )
+            estimate = s["beta_prev"] * jnp.abs(vectors[s["count"] - 1] @ (phi * first))
+            accepted = s["stop"] | (estimate <= max(u, 100 * float(eps)))  # NaN fails
+            return jnp.where(accepted, result, jnp.nan)
+
+        return finish
+
+    # One branch runs: the Taylor series, or the decomposition of the small block (up to
+    # `small` products: zero beyond the count) or of the whole padded T.
+    taylor = s["stop"] & (s["count"] <= small) & (shifted[-1] <= TAYLOR_RADIUS)
+    branch = jnp.where(taylor, 0, jnp.where(s["count"] <= small, 1, 2))
+    finishes = [by_taylor_series, by_eigen_decomposition(small)]
+    finishes += [by_eigen_decomposition(max_products)] if max_products > small else []
+    result = lax.switch(jnp.minimum(branch, len(finishes) - 1), finishes, s)
+    return result.astype(dtype), s["count"].astype("int64")
+
+
+def _shifted_tridiagonal(alphas, couplings, count, t):
+    """The leading count x count block of -t T as ``-t (T - mu I)`` (mu the mean of its
+    diagonal, so exp(-t T) = e^(-t mu) exp(-t (T - mu I))): its diagonal, the couplings below
+    and above the diagonal by row (zero outside the block), e^(-t mu) and the infinity norm."""
+    import jax.numpy as jnp
+
+    dtype = alphas.dtype
+    inside = jnp.arange(alphas.shape[0]) < count
+    diagonal = jnp.where(inside, alphas, 0.0)
+    mu = jnp.sum(diagonal) / count.astype(dtype)
+    diagonal = jnp.where(inside, -t * (diagonal - mu), 0.0)
+    couplings = -t * couplings[:-1]  # zero at and beyond the stop
+    zero = jnp.zeros(1, dtype)
+    below, above = jnp.concatenate([zero, couplings]), jnp.concatenate([couplings, zero])
+    norm = jnp.max(jnp.abs(diagonal) + jnp.abs(below) + jnp.abs(above))
+    return diagonal, below, above, jnp.exp(-t * mu), norm
+
+
+def _expm_e1_taylor(diagonal, below, above, scale, norm):
+    """scale exp(X) e_1 for the tridiagonal X of :func:`_shifted_tridiagonal`, by its Taylor
+    series to ``TAYLOR_DEGREE`` (the caller checks ``norm <= TAYLOR_RADIUS``): products with
+    X as shifted slices, no library call."""
+    import jax.numpy as jnp
+
+    zero = jnp.zeros(1, diagonal.dtype)
+    term = total = jnp.zeros_like(diagonal).at[0].set(1.0)
+    for j in range(1, TAYLOR_DEGREE + 1):
+        previous, following = jnp.concatenate([zero, term[:-1]]), jnp.concatenate([term[1:], zero])
+        term = (diagonal * term + below * previous + above * following) / j
+        total = total + term
+    return scale * total
 
 
 def shifted_cg(g, mean, columns, gain, diagonal, v, tolerance, iterations):
     """``krylov._shifted_cg`` in JAX: conjugate gradients from x0 = 0, stopped at the same
-    residual or after ``iterations`` products."""
+    residual or after ``iterations`` products; the first ``CG_UNROLLED`` iterations are
+    straight-line code (an iteration after the stop is computed and discarded)."""
     import jax.numpy as jnp
     from jax import lax
 
@@ -267,5 +327,9 @@ def shifted_cg(g, mean, columns, gain, diagonal, v, tolerance, iterations):
         d = r + jnp.where(rr > 0, rr_new / rr, 0.0) * d
         return count + 1, x, r, d, rr_new, rr_new <= stop
 
-    start = (jnp.asarray(0), jnp.zeros_like(v), v, v, rr, jnp.asarray(False))
-    return lax.while_loop(running, cg_step, start)[1].astype(v.dtype)
+    s = (jnp.asarray(0), jnp.zeros_like(v), v, v, rr, jnp.asarray(False))
+    for _ in range(min(CG_UNROLLED, iterations)):
+        moving, s_next = running(s), cg_step(s)
+        s = tuple(jnp.where(moving, new, old) for new, old in zip(s_next, s, strict=True))
+    s = lax.cond(running(s), lambda s: lax.while_loop(running, cg_step, s), lambda s: s, s)
+    return s[1].astype(v.dtype)

@@ -228,9 +228,41 @@ def test_jax_blocks_run_the_low_rank_kernels_which_stop_early(name, kernel, stat
         assert counts[1].max() < 10
 
 
+def test_jax_taylor_series_of_a_small_tridiagonal_exponential_is_exact_to_rounding():
+    # The JAX Lanczos kernel's exp(-t T) e_1 for a short run: the Taylor series of the
+    # shifted block, exact to rounding wherever its infinity norm is at most TAYLOR_RADIUS
+    # (the bound the kernel checks), against SciPy's expm; zero beyond the block.
+    from scipy.linalg import expm
+
+    from pymc_sgmcmc.jax_compile import (
+        SMALL_TRIDIAGONAL,
+        TAYLOR_RADIUS,
+        _expm_e1_taylor,
+        _shifted_tridiagonal,
+    )
+
+    rng = np.random.default_rng(3)
+    for count in (1, 3, SMALL_TRIDIAGONAL):
+        alphas = np.zeros(SMALL_TRIDIAGONAL)
+        couplings = np.zeros(SMALL_TRIDIAGONAL)
+        alphas[:count] = 40.0 + rng.uniform(-1.0, 1.0, count)
+        couplings[: count - 1] = rng.uniform(0.2, 1.0, count - 1)
+        tridiagonal = np.diag(alphas) + np.diag(couplings[:-1], 1) + np.diag(couplings[:-1], -1)
+        for target in (0.05, TAYLOR_RADIUS):
+            shifted = _shifted_tridiagonal(alphas, couplings, np.asarray(count), 1.0)
+            t = target / float(shifted[-1]) if count > 1 else 0.01
+            shifted = _shifted_tridiagonal(alphas, couplings, np.asarray(count), t)
+            assert float(shifted[-1]) <= TAYLOR_RADIUS * (1 + 1e-12)
+            expected = expm(-t * tridiagonal[:count, :count])[:, 0]
+            result = np.asarray(_expm_e1_taylor(*shifted))
+            np.testing.assert_allclose(result[:count], expected, rtol=1e-14, atol=1e-16)
+            assert not result[count:].any()
+
+
 def test_jax_low_rank_kernels_equal_the_numba_kernels():
-    # The while loops step for step: the same products, counts, results (both sizes of the
-    # decomposed tridiagonal block: up to 8 products and more) and NaN at a cap too low.
+    # The while loops step for step: the same products, counts, results (a run stopped
+    # within 8 products, exp(-t T) e_1 from a Taylor series; one of more products, from the
+    # eigen-decomposition) and NaN at a cap too low.
     from pymc_sgmcmc.gram_product import with_covariance_kernels
     from pymc_sgmcmc.jax_compile import SMALL_TRIDIAGONAL, for_jax
     from pymc_sgmcmc.krylov import LowRankExpm, LowRankShiftedSolve
@@ -245,7 +277,12 @@ def test_jax_low_rank_kernels_equal_the_numba_kernels():
     for cap in (64, 4):
         outputs = [
             *LowRankExpm("double", cap)(*inputs, vector),
+            # At t = 0.2, 7 products and a shifted T too wide for the Taylor series.
+            *LowRankExpm("half", cap)(*inputs, vector),
             LowRankShiftedSolve(1e-12, 200)(*inputs[:5], vector),
+            # A loose tolerance on a well-conditioned system (a few iterations), which one
+            # iteration more or less would miss by far.
+            LowRankShiftedSolve(1e-3, 200)(*inputs[:4], 10.0 + inputs[4], vector),
         ]
         on_numba, on_jax = (
             pytensor.function([*inputs, vector], outputs, mode=prepare(mode))
@@ -254,8 +291,10 @@ def test_jax_low_rank_kernels_equal_the_numba_kernels():
         for t in (0.001, 0.2):
             expected, result = on_numba(*operator, t, v), on_jax(*operator, t, v)
             np.testing.assert_allclose(result[0], expected[0], rtol=0, atol=1e-14)
-            assert result[1] == expected[1]
-            np.testing.assert_allclose(result[2], expected[2], rtol=0, atol=1e-12)
+            assert result[1] == expected[1] and result[3] == expected[3]
+            np.testing.assert_allclose(result[2], expected[2], rtol=0, atol=1e-14)
+            np.testing.assert_allclose(result[4], expected[4], rtol=0, atol=1e-12)
+            np.testing.assert_allclose(result[5], expected[5], rtol=0, atol=1e-14)
             counts.append(int(result[1]))
             assert np.isnan(result[0]).all() == (cap == 4)
     assert min(counts) <= SMALL_TRIDIAGONAL < max(counts) < 64

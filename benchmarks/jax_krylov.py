@@ -1,0 +1,171 @@
+"""Where the JAX Krylov kernels' time goes: their pieces, step by step, on the machine's JAX
+device (a GPU where there is one).
+
+Each row is the µs per step of a jitted ``lax.scan`` of 400 steps, as a sampler's block runs
+them, on P1-sized low-rank parts (G of 500 x 100, float32 rows as mCCAdL reads them by
+default): one covariance-vector product, three (straight-line code and a while loop: the
+loop's cost per iteration), an 8 x 8 eigen-decomposition (JAX's default and the QR
+algorithm), the Taylor series that replaces it for short Lanczos runs
+(``jax_compile._expm_e1_taylor``), and ``jax_compile.lanczos_expm`` and ``shifted_cg`` as
+they are and as they were before (exp(-t T) e_1 always from the eigen-decomposition; every
+conjugate-gradient iteration in the while loop), at a t where Lanczos stops after 3 products
+and an operator where CG stops after about 5 iterations::
+
+    python benchmarks/jax_krylov.py [--output benchmarks/jax_krylov_results.md]
+"""
+
+from __future__ import annotations
+
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+HERE = Path(__file__).parent
+sys.path.insert(0, str(HERE.parent))
+
+from report import header, output_path, write  # noqa: E402
+
+ROWS, DIM, STEPS, REPEATS = 500, 100, 400, 7
+#: t and the CG operator's diagonal and gain (on Gc^T Gc / (n - 1)) for the counts above.
+T, CG_DIAGONAL, CG_GAIN = 0.1, 1.0, 0.18
+
+
+def pieces():
+    """name -> f(parts, v) -> vector, and the parts (device arrays)."""
+    import jax
+    import jax.numpy as jnp
+    from jax import lax
+
+    from pymc_sgmcmc import jax_compile as jc
+
+    rng = np.random.default_rng(0)
+    g = rng.normal(size=(ROWS, DIM)).astype("float32")
+    parts = (g, g.astype("float64").mean(0), np.ones(DIM), np.float64(1 / (ROWS - 1)))
+    u, cap = 2.0**-11, 64  # mCCAdL's default tolerance ("half") and cap
+
+    def operator(p):
+        return jc._low_rank_operator(*p, np.zeros(DIM))
+
+    def small_tridiagonal(v):  # an 8 x 8 tridiagonal matrix that changes with v
+        return v[:8], jnp.concatenate([v[8:15], jnp.zeros(1)])
+
+    def eigh(implementation):
+        def run(p, v):
+            diagonal, off = small_tridiagonal(v)
+            matrix = jnp.diag(diagonal) + jnp.diag(off[:-1], 1) + jnp.diag(off[:-1], -1)
+            values, vectors = lax.linalg.eigh(matrix, implementation=implementation)
+            return v.at[:8].add(1e-3 * (vectors @ (jnp.exp(-T * values) * vectors[0])))
+
+        return run
+
+    def taylor(p, v):
+        diagonal, off = small_tridiagonal(v)
+        shifted = jc._shifted_tridiagonal(diagonal, off, jnp.asarray(8), 0.01)
+        return v.at[:8].add(1e-3 * jc._expm_e1_taylor(*shifted))
+
+    def lanczos(p, v):
+        return jc.lanczos_expm(*p, np.zeros(DIM), T, v, u, cap)[0]
+
+    def cg(p, v):
+        g, mean, columns, gain = p
+        return jc.shifted_cg(
+            g, mean, columns, CG_GAIN * gain, np.full(DIM, CG_DIAGONAL), v, 1e-6, 50
+        )
+
+    def previous(kernel):
+        def run(p, v):
+            kept = jc.TAYLOR_RADIUS, jc.CG_UNROLLED
+            jc.TAYLOR_RADIUS, jc.CG_UNROLLED = -1.0, 0  # read when traced
+            try:
+                return kernel(p, v)
+            finally:
+                jc.TAYLOR_RADIUS, jc.CG_UNROLLED = kept
+
+        return run
+
+    def products(k, loop):
+        def run(p, v):
+            apply = operator(p)
+            if loop:
+                return lax.while_loop(
+                    lambda s: s[0] < k, lambda s: (s[0] + 1, apply(s[1])), (0, v)
+                )[1]
+            for _ in range(k):
+                v = apply(v)
+            return v
+
+        return run
+
+    Eigh = lax.linalg.EighImplementation
+    table = {
+        "one product": products(1, False),
+        "three products, straight-line": products(3, False),
+        "three products, while loop": products(3, True),
+        "eigh 8 x 8 (default)": eigh(None),
+        "eigh 8 x 8 (QR)": eigh(Eigh.QR),
+        "Taylor series 8 x 8 (_expm_e1_taylor)": taylor,
+        "lanczos_expm": lanczos,
+        "lanczos_expm, previous (eigh always)": previous(lanczos),
+        "shifted_cg": cg,
+        "shifted_cg, previous (while loop only)": previous(cg),
+    }
+    return table, tuple(jax.device_put(a) for a in parts)
+
+
+def per_step(fn, parts) -> tuple[float, float]:
+    """Median µs per step of the scanned kernel, and the first call's seconds (compile)."""
+    import jax
+    import jax.numpy as jnp
+    from jax import lax
+
+    def block(v0, noise, parts):
+        def body(v, x):
+            out = fn(parts, v + x)
+            return out / jnp.sqrt(jnp.sum(out * out)), None
+
+        return lax.scan(body, v0, noise)[0]
+
+    jitted = jax.jit(block)
+    rng = np.random.default_rng(1)
+    v0 = jax.device_put(rng.normal(size=DIM))
+    noise = jax.device_put(1e-3 * rng.normal(size=(STEPS, DIM)))
+    start = time.perf_counter()
+    jitted(v0, noise, parts).block_until_ready()
+    first = time.perf_counter() - start
+    times = []
+    for _ in range(REPEATS):
+        start = time.perf_counter()
+        jitted(v0, noise, parts).block_until_ready()
+        times.append(time.perf_counter() - start)
+    return 1e6 * statistics.median(times) / STEPS, first
+
+
+def main() -> None:
+    output = output_path(__doc__)
+    import jax
+
+    jax.config.update("jax_enable_x64", True)
+    from pymc_sgmcmc import jax_compile as jc
+
+    table, parts = pieces()
+    _, count = jc.lanczos_expm(*parts, np.zeros(DIM), T, np.ones(DIM), 2.0**-11, 64)
+    lines = header("The JAX Krylov kernels, piece by piece (`benchmarks/jax_krylov.py`)")
+    lines += [
+        f"- JAX device: {jax.devices()[0]} ({jax.devices()[0].device_kind})",
+        f"- Lanczos products at t = {T}: {int(count)}",
+        "",
+        "| piece | µs per step | first call s |",
+        "| --- | --- | --- |",
+    ]
+    for name, fn in table.items():
+        us, first = per_step(fn, parts)
+        lines.append(f"| {name} | {us:.1f} | {first:.2f} |")
+        print(lines[-1], flush=True)
+    write(lines, output)
+
+
+if __name__ == "__main__":
+    main()
