@@ -120,9 +120,9 @@ class DeviceData:
 # ---------------------------------------------------------------------- Krylov kernels
 # (See the module docstring.) Each kernel launch on a GPU costs microseconds whatever its size,
 # and a library call more: mCCAdL's step on the D = 100 regression took 2.2 ms on an H100 with
-# the scan of 64 Lanczos iterations, and 0.54 ms with the while loop on an H200, of which about
-# 0.3 ms was the 8 x 8 eigen-decomposition (cuSOLVER), which the Taylor series below replaces
-# (``benchmarks/gpu_results.md``, ``benchmarks/jax_krylov_results.md``).
+# the scan of 64 Lanczos iterations, and 0.51 ms with the while loop on an H200, of which about
+# 0.3 ms was the 8 x 8 eigen-decomposition (cuSOLVER); 0.22 ms with the Taylor series below
+# (``benchmarks/gpu_results.md`` run 3, ``benchmarks/jax_krylov_results.md``).
 #: Lanczos runs that stop within this many products take exp(-t T) e_1 from a Taylor series
 #: of this leading block of the tridiagonal T (zero beyond the count).
 SMALL_TRIDIAGONAL = 8
@@ -132,7 +132,8 @@ SMALL_TRIDIAGONAL = 8
 TAYLOR_RADIUS, TAYLOR_DEGREE = 0.5, 15
 #: Conjugate-gradient iterations run as straight-line code (each frozen once the residual is
 #: small enough) before a while loop takes over: a GPU's while loop costs a device-to-host
-#: copy of its condition per iteration.
+#: copy of its condition per iteration. Under JAX on a CPU (numba is the CPU backend) the
+#: iterations after the stop cost their products: the kernel took 51 against 28 µs on P1.
 CG_UNROLLED = 8
 _registered = False
 
@@ -239,7 +240,7 @@ def lanczos_expm(g, mean, columns, gain, shift, t, v, u, max_products):
     shifted = _shifted_tridiagonal(s["alphas"][:small], s["couplings"][:small], s["count"], t)
 
     def by_taylor_series(s):
-        return norm_v * (_expm_e1_taylor(*shifted) @ s["basis"][:small])
+        return norm_v * (_expm_e1_taylor(*shifted[:4]) @ s["basis"][:small])
 
     def by_eigen_decomposition(size):
         def finish(s):
@@ -289,10 +290,10 @@ def _shifted_tridiagonal(alphas, couplings, count, t):
     return diagonal, below, above, jnp.exp(-t * mu), norm
 
 
-def _expm_e1_taylor(diagonal, below, above, scale, norm):
+def _expm_e1_taylor(diagonal, below, above, scale):
     """scale exp(X) e_1 for the tridiagonal X of :func:`_shifted_tridiagonal`, by its Taylor
-    series to ``TAYLOR_DEGREE`` (the caller checks ``norm <= TAYLOR_RADIUS``): products with
-    X as shifted slices, no library call."""
+    series to ``TAYLOR_DEGREE`` (the caller checks that X's norm is at most
+    ``TAYLOR_RADIUS``): products with X as shifted slices, no library call."""
     import jax.numpy as jnp
 
     zero = jnp.zeros(1, diagonal.dtype)

@@ -254,7 +254,7 @@ def test_jax_taylor_series_of_a_small_tridiagonal_exponential_is_exact_to_roundi
             shifted = _shifted_tridiagonal(alphas, couplings, np.asarray(count), t)
             assert float(shifted[-1]) <= TAYLOR_RADIUS * (1 + 1e-12)
             expected = expm(-t * tridiagonal[:count, :count])[:, 0]
-            result = np.asarray(_expm_e1_taylor(*shifted))
+            result = np.asarray(_expm_e1_taylor(*shifted[:4]))
             np.testing.assert_allclose(result[:count], expected, rtol=1e-14, atol=1e-16)
             assert not result[count:].any()
 
