@@ -26,9 +26,12 @@ import numpy as np
 HERE = Path(__file__).parent
 sys.path.insert(0, str(HERE.parent))
 
+from gpu import previous_krylov_kernels  # noqa: E402
 from report import header, output_path, write  # noqa: E402
 
 ROWS, DIM, STEPS, REPEATS = 500, 100, 400, 7
+#: mCCAdL's default Lanczos tolerance ("half") and cap.
+U, CAP = 2.0**-11, 64
 #: t and the CG operator's diagonal and gain (on Gc^T Gc / (n - 1)) for the counts above.
 T, CG_DIAGONAL, CG_GAIN = 0.1, 1.0, 0.18
 
@@ -44,7 +47,6 @@ def pieces():
     rng = np.random.default_rng(0)
     g = rng.normal(size=(ROWS, DIM)).astype("float32")
     parts = (g, g.astype("float64").mean(0), np.ones(DIM), np.float64(1 / (ROWS - 1)))
-    u, cap = 2.0**-11, 64  # mCCAdL's default tolerance ("half") and cap
 
     def operator(p):
         return jc._low_rank_operator(*p, np.zeros(DIM))
@@ -63,11 +65,11 @@ def pieces():
 
     def taylor(p, v):
         diagonal, off = small_tridiagonal(v)
-        shifted = jc._shifted_tridiagonal(diagonal, off, jnp.asarray(8), 0.01)
-        return v.at[:8].add(1e-3 * jc._expm_e1_taylor(*shifted[:4]))
+        series, _ = jc._shifted_tridiagonal(diagonal, off, jnp.asarray(8), 0.01)
+        return v.at[:8].add(1e-3 * jc._expm_e1_taylor(*series))
 
     def lanczos(p, v):
-        return jc.lanczos_expm(*p, np.zeros(DIM), T, v, u, cap)[0]
+        return jc.lanczos_expm(*p, np.zeros(DIM), T, v, U, CAP)[0]
 
     def cg(p, v):
         g, mean, columns, gain = p
@@ -77,12 +79,8 @@ def pieces():
 
     def previous(kernel):
         def run(p, v):
-            kept = jc.TAYLOR_RADIUS, jc.CG_UNROLLED
-            jc.TAYLOR_RADIUS, jc.CG_UNROLLED = -1.0, 0  # read when traced
-            try:
+            with previous_krylov_kernels():  # read when traced
                 return kernel(p, v)
-            finally:
-                jc.TAYLOR_RADIUS, jc.CG_UNROLLED = kept
 
         return run
 
@@ -151,7 +149,7 @@ def main() -> None:
     from pymc_sgmcmc import jax_compile as jc
 
     table, parts = pieces()
-    _, count = jc.lanczos_expm(*parts, np.zeros(DIM), T, np.ones(DIM), 2.0**-11, 64)
+    _, count = jc.lanczos_expm(*parts, np.zeros(DIM), T, np.ones(DIM), U, CAP)
     lines = header("The JAX Krylov kernels, piece by piece (`benchmarks/jax_krylov.py`)")
     lines += [
         f"- JAX device: {jax.devices()[0]} ({jax.devices()[0].device_kind})",

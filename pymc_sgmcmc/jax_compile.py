@@ -237,10 +237,10 @@ def lanczos_expm(g, mean, columns, gain, shift, t, v, u, max_products):
 
     s = lax.while_loop(running, lanczos_step, start)
     small = min(SMALL_TRIDIAGONAL, max_products)
-    shifted = _shifted_tridiagonal(s["alphas"][:small], s["couplings"][:small], s["count"], t)
+    series, norm = _shifted_tridiagonal(s["alphas"][:small], s["couplings"][:small], s["count"], t)
 
     def by_taylor_series(s):
-        return norm_v * (_expm_e1_taylor(*shifted[:4]) @ s["basis"][:small])
+        return norm_v * (_expm_e1_taylor(*series) @ s["basis"][:small])
 
     def by_eigen_decomposition(size):
         def finish(s):
@@ -264,7 +264,7 @@ def lanczos_expm(g, mean, columns, gain, shift, t, v, u, max_products):
 
     # One branch runs: the Taylor series, or the decomposition of the small block (up to
     # `small` products: zero beyond the count) or of the whole padded T.
-    taylor = s["stop"] & (s["count"] <= small) & (shifted[-1] <= TAYLOR_RADIUS)
+    taylor = s["stop"] & (s["count"] <= small) & (norm <= TAYLOR_RADIUS)
     branch = jnp.where(taylor, 0, jnp.where(s["count"] <= small, 1, 2))
     finishes = [by_taylor_series, by_eigen_decomposition(small)]
     finishes += [by_eigen_decomposition(max_products)] if max_products > small else []
@@ -275,7 +275,8 @@ def lanczos_expm(g, mean, columns, gain, shift, t, v, u, max_products):
 def _shifted_tridiagonal(alphas, couplings, count, t):
     """The leading count x count block of -t T as ``-t (T - mu I)`` (mu the mean of its
     diagonal, so exp(-t T) = e^(-t mu) exp(-t (T - mu I))): its diagonal, the couplings below
-    and above the diagonal by row (zero outside the block), e^(-t mu) and the infinity norm."""
+    and above the diagonal by row (zero outside the block) and e^(-t mu), the arguments of
+    :func:`_expm_e1_taylor`; and its infinity norm."""
     import jax.numpy as jnp
 
     dtype = alphas.dtype
@@ -287,7 +288,7 @@ def _shifted_tridiagonal(alphas, couplings, count, t):
     zero = jnp.zeros(1, dtype)
     below, above = jnp.concatenate([zero, couplings]), jnp.concatenate([couplings, zero])
     norm = jnp.max(jnp.abs(diagonal) + jnp.abs(below) + jnp.abs(above))
-    return diagonal, below, above, jnp.exp(-t * mu), norm
+    return (diagonal, below, above, jnp.exp(-t * mu)), norm
 
 
 def _expm_e1_taylor(diagonal, below, above, scale):
