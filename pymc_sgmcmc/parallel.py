@@ -302,7 +302,10 @@ class ParallelSampler(ps.ParallelSampler):
                         tuning=tuning,
                         stats=stats[k],
                     )
-                    point = {name: values[k] for name, values in points.items()}
+                    # values[k, ...] keeps a scalar variable's draw a 0-d array, as PyMC's
+                    # own hand-over does: a NumPy scalar broke the trace's compiled function
+                    # for Deterministics (numba types a float64 scalar apart from arrays).
+                    point = {name: values[k, ...] for name, values in points.items()}
                     yield ps.Draw(proc.chain, is_last, draw, tuning, stats[k], point)
 
 

@@ -84,6 +84,30 @@ def test_batched_divergent_chains_equal_sequential_chains():
     np.testing.assert_array_equal(sequential.posterior["w"].values, parallel.posterior["w"].values)
 
 
+def test_scalar_variables_and_deterministics_arrive_as_in_sequential_chains():
+    # The main process computes Deterministics from each handed-over point with a compiled
+    # function, which takes a scalar free variable (here log sigma) as a 0-d array: a NumPy
+    # scalar in its place made numba reject the call (a TypingError on every such model).
+    data = GaussianRegression.make(n_obs=500, dim=2, batch_size=50)
+    with pm.Model():
+        X, y = pm.Minibatch(data.X, data.y, batch_size=50)
+        w = pm.Normal("w", 0.0, 10.0, shape=2)
+        sigma = pm.HalfNormal("sigma", 2.0)
+        pm.Deterministic("signal_to_noise", pm.math.sqrt((w**2).sum()) / sigma)
+        pm.Normal("y", X @ w, sigma, observed=y, total_size=500)
+        kwargs = dict(
+            draws=100, tune=0, step=SGLD(step_size=1e-4), chains=2, random_seed=5,
+            **SAMPLE_KWARGS,
+        )  # fmt: skip
+        sequential = pm.sample(cores=1, **kwargs)
+        parallel = pm.sample(cores=2, mp_ctx="forkserver", **kwargs)
+    for name in ("w", "sigma", "signal_to_noise"):
+        np.testing.assert_array_equal(
+            sequential.posterior[name].values, parallel.posterior[name].values, err_msg=name
+        )
+    assert parallel.posterior["sigma"].shape == (2, 100)
+
+
 class FailingSGNHT(SGNHT):
     """Raises in the worker at the block that would start with its 50th draw."""
 
