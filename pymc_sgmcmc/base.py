@@ -39,6 +39,7 @@ from pymc.pytensorf import compile as compile_pymc
 from pymc.step_methods.arraystep import ArrayStepShared
 from pymc.step_methods.compound import Competence, StepMethodState
 from pymc.step_methods.state import dataclass_state
+from pymc.util import get_value_vars_from_user_vars
 from pytensor import config
 from pytensor.compile.mode import get_mode
 from pytensor.conditional.op import ifelse
@@ -163,7 +164,9 @@ class SGMCMC(ArrayStepShared):
     Parameters
     ----------
     vars : list, optional
-        Value variables; must be all of the model's (the default).
+        The model's free random variables (or their value variables), as for PyMC's steps;
+        must be all of them (the default): every free variable moves in the same integrator
+        step.
     thin : int, optional
         Integrator steps per stored draw. The stats of a stored draw are those of its last step.
         Default: 1 when ``step_size`` is given; when the step size is adapted, the number of
@@ -251,7 +254,9 @@ class SGMCMC(ArrayStepShared):
         blocked: bool = True,
     ):
         model = modelcontext(model)
-        vars = list(model.value_vars) if vars is None else list(vars)
+        # PyMC's steps take random variables or their value variables (pm.sample hands the
+        # latter to a step it builds itself); the model layer works on value variables.
+        vars = model.value_vars if vars is None else get_value_vars_from_user_vars(vars, model)
         self.sg_model = SGModel(model, vars)  # rejects anything but all value variables
         vars = self.sg_model.value_vars  # in the model's order, as PyMC ravels points
         if thin is not None and (int(thin) != thin or thin < 1):

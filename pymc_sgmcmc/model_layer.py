@@ -186,7 +186,7 @@ def _check_free_variables(model: pm.Model, value_vars: Sequence[Variable]) -> No
                 "samplers need continuous variables. Marginalise it out (e.g. with "
                 "pymc_extras.marginalize) or reparametrise it as a continuous variable."
             )
-    missing = [v.name for v in model.value_vars if v not in value_vars]
+    missing = [model.values_to_rvs[v].name for v in model.value_vars if v not in value_vars]
     if missing:
         raise ModelError(
             f"the step must update every free variable together, but {missing} were left out. "

@@ -417,6 +417,22 @@ def test_subset_of_variables_is_rejected():
         SGModel(model, [model.rvs_to_values[a]])
 
 
+def test_vars_take_random_variables_as_pymc_steps_do():
+    # SGLD(vars=[w, sigma]) names the model's random variables, as for PyMC's own steps; a
+    # subset is rejected by the random variable's name, not its transformed value's.
+    from pymc_sgmcmc import SGLD
+
+    X, y = _regression()
+    with pm.Model():
+        X_mb, y_mb = pm.Minibatch(X, y, batch_size=10)
+        w = pm.Normal("w", shape=2)
+        sigma = pm.HalfNormal("sigma")
+        pm.Normal("y", X_mb @ w, sigma, observed=y_mb, total_size=len(y))
+        assert SGLD(vars=[w, sigma], step_size=1e-3).sg_model.dim == 3
+        with pytest.raises(ModelError, match=r"\['sigma'\] were left out"):
+            SGLD(vars=[w], step_size=1e-3)
+
+
 def test_control_variates_need_one_number_of_rows():
     # Its two pm.Minibatch calls draw from 60 and 120 rows: no single full pass.
     from pymc_sgmcmc import SGLD
