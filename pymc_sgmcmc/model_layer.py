@@ -149,6 +149,29 @@ def _leading_length(var: Variable) -> int:
     return int(var.shape[0].eval())
 
 
+def _check_finite_rows(data: Variable, name: str) -> None:
+    """Reject minibatch data with NaN or Inf entries: every batch that draws such a row has a
+    non-finite force, which the sampler could only report as divergences, never as bad data."""
+    if isinstance(data, Constant):
+        values = data.data
+    elif isinstance(data, SharedVariable):
+        values = data.get_value(borrow=True)
+    else:  # a graph computed from other variables: nothing to read before sampling
+        return
+    values = np.asarray(values)
+    if not np.issubdtype(values.dtype, np.floating) or values.ndim == 0:
+        return
+    bad = ~np.isfinite(values.reshape(len(values), -1)).all(axis=1)
+    if bad.any():
+        rows = np.flatnonzero(bad)
+        shown = ", ".join(map(str, rows[:5])) + (", ..." if len(rows) > 5 else "")
+        raise ModelError(
+            f"pm.Minibatch data {name} hold NaN or Inf values in {len(rows)} of its "
+            f"{len(values)} rows (rows {shown}). Every minibatch that draws such a row has a "
+            "non-finite gradient: drop or impute those rows before building the model."
+        )
+
+
 def _find_sources(model: pm.Model) -> list[MinibatchSource]:
     graphs = [*model.observed_RVs, *model.rvs_to_values.values(), *model.potentials]
     sources = []
@@ -165,6 +188,8 @@ def _find_sources(model: pm.Model) -> list[MinibatchSource]:
                 f"only N={total} rows: choose batch_size <= {total} (or drop pm.Minibatch to use "
                 "full-batch gradients)."
             )
+        for array, name in zip(data, names, strict=True):
+            _check_finite_rows(array, name)
         sources.append(MinibatchSource(node, names, total, int(batch)))
     sizes = {s.batch_size for s in sources}
     if len(sizes) > 1:
@@ -754,6 +779,12 @@ class SGModel:
         theta = self.initial_theta + 0.1 * rng.standard_normal(self.dim)
         idx = [i[0] for i in self.draw_indices(rng, 1)]
         summed, from_rows = fn(theta, *idx)
+        if not np.isfinite(summed).all():
+            raise ModelError(
+                "the minibatch force is not finite (NaN or Inf) near the initial point, on a "
+                "random batch: check the initial values (initvals) and that the likelihood is "
+                "defined for every row of the data."
+            )
         scale = np.max(np.abs(summed)) + 1e-12
         # float32 sums of n rows in two orders differ by ~sqrt(n) 1e-7 relative; a term that
         # couples rows changes the gradient at the order of the term itself.

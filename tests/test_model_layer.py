@@ -409,6 +409,34 @@ def test_potential_on_minibatch_data_is_rejected():
         SGModel(model, model.value_vars)
 
 
+def test_minibatch_data_with_nan_rows_are_rejected():
+    # A NaN in a covariate makes every batch that draws its row diverge: named at once,
+    # with the rows to drop, instead of divergences (or a factorisation error) later.
+    X, y = _regression()
+    X[[3, 7], 1] = np.nan
+    X[9, 0] = np.inf
+    with pm.Model() as model:
+        X_mb, y_mb = pm.Minibatch(X, y, batch_size=10)
+        w = pm.Normal("w", shape=2)
+        pm.Normal("y", X_mb @ w, 1.0, observed=y_mb, total_size=len(y))
+    with pytest.raises(ModelError, match=r"NaN or Inf values in 3 of its .* rows \(rows 3, 7, 9\)"):
+        SGModel(model, model.value_vars)
+
+
+def test_a_likelihood_undefined_for_some_rows_is_rejected():
+    # A log-exposure offset with zero exposures: finite data, but the force is not finite on
+    # any batch that draws such a row.
+    rng = np.random.default_rng(0)
+    X, y = rng.standard_normal((200, 2)), rng.standard_normal(200)
+    exposure = np.where(np.arange(200) % 2 == 0, 0.0, 1.0)
+    with pm.Model() as model:
+        X_mb, y_mb, e_mb = pm.Minibatch(X, y, exposure, batch_size=20)
+        w = pm.Normal("w", shape=2)
+        pm.Normal("y", X_mb @ w + pt.log(e_mb), 1.0, observed=y_mb, total_size=200)
+    with pytest.raises(ModelError, match="not finite"):
+        SGModel(model, model.value_vars).check_factorisation()
+
+
 def test_subset_of_variables_is_rejected():
     with pm.Model() as model:
         a = pm.Normal("a")
