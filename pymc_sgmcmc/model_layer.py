@@ -41,6 +41,7 @@ from pytensor.graph.basic import Apply, Constant, Variable
 from pytensor.graph.replace import clone_replace, vectorize_graph
 from pytensor.graph.traversal import ancestors, toposort
 from pytensor.scalar import upcast
+from pytensor.tensor.type_other import NoneTypeT
 
 from pymc_sgmcmc.gram_product import CentredGramProduct
 from pymc_sgmcmc.krylov import (
@@ -273,7 +274,9 @@ def _rebuild(outputs: Sequence[Variable], replace: dict[Variable, Variable]) -> 
             continue
         if isinstance(node.op, SymbolicOp):
             new_outputs = node.op(*inputs, return_list=True)
-        elif _types_changed(node.op, inputs) and _rebuildable_rv(node.op):
+        elif isinstance(node.op, MinibatchRandomVariable):
+            new_outputs = _rebuild_minibatch_rv(node.op, inputs)
+        elif _rebuildable_rv(node.op):
             new_outputs = _rebuild_rv(node.op, inputs)
         else:
             new_outputs = node.clone_with_new_inputs(inputs, strict=False).outputs
@@ -281,12 +284,14 @@ def _rebuild(outputs: Sequence[Variable], replace: dict[Variable, Variable]) -> 
     return [memo.get(out, out) for out in outputs]
 
 
-def _types_changed(op, inputs: Sequence[Variable]) -> bool:
-    """Whether an OpFromGraph-based node's new inputs no longer fit the types it was built for."""
-    types = getattr(op, "input_types", None)
-    return types is not None and any(
-        not t.is_super(i.type) for t, i in zip(types, inputs, strict=True)
-    )
+def _rebuild_minibatch_rv(op: MinibatchRandomVariable, inputs: Sequence[Variable]):
+    """PyMC's ``total_size`` wrapper for new inputs. A multivariate observation (``pm.MvNormal``
+    rows) has ``total_size=(N, None)``, the ``None`` stored as ``NoneConst``; the op's
+    ``make_node`` accepts ``None`` but not ``NoneConst``, so ``clone_with_new_inputs`` fails on
+    it. The ``None`` entries are handed back as ``None``."""
+    rv, *total_size = inputs
+    sizes = [None if isinstance(t.type, NoneTypeT) else t for t in total_size]
+    return op.make_node(rv, *sizes).outputs
 
 
 def _rebuildable_rv(op) -> bool:
@@ -295,9 +300,12 @@ def _rebuildable_rv(op) -> bool:
 
 def _rebuild_rv(op, inputs: Sequence[Variable]) -> list[Variable]:
     """A PyMC ``SymbolicRandomVariable`` (``pm.NormalMixture``'s mixture, ...) built afresh for
-    new input types. Its ``make_node`` would, like a SymbolicOp's, force the new inputs into
-    the old static shapes with a ``SpecifyShape``: the one-row graph then hands PyMC's
+    new inputs. Its ``make_node`` would, like a SymbolicOp's, force the new inputs into the old
+    static shapes with a ``SpecifyShape``: the one-row graph then hands PyMC's
     log-probability rewrites a ``SpecifyShape`` where they expect the component variables.
+    Also when the input types are unchanged: ``pm.ZeroInflatedPoisson``'s ``DiracDelta``
+    component takes its size from the batch's shape, a length-1 vector for n rows as for one,
+    and a clone kept the output type of n rows, so the one-row term came out n times over.
     Only the log-density of the result is used, so a fresh random generator is harmless."""
     (rngs, size, params), _ = op.get_input_output_type_idxs(op.extended_signature)
     kwargs = {}
