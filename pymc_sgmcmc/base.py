@@ -760,6 +760,7 @@ class SGMCMC(ArrayStepShared):
         return Competence.COMPATIBLE
 
     def setup_chain(self, rng, tune: int, draws: int) -> None:
+        self.sg_model.check_data_rows()
         super().setup_chain(rng, tune, draws)
         self._reset_chain(tune=tune, draws=tune + draws)
 

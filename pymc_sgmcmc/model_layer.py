@@ -758,6 +758,22 @@ class SGModel:
         state.pop("_full_pass_functions", None)
         return state
 
+    def check_data_rows(self) -> None:
+        """Check that the ``pm.Data`` arrays read through ``pm.Minibatch`` still have the N
+        rows the step was built for: indices are drawn from range(N), and ``pm.set_data``
+        with another number of rows would otherwise make them miss rows or run past the end."""
+        for source in self.sources:
+            for data, name in zip(source.data, source.data_names, strict=True):
+                if not isinstance(data, SharedVariable):
+                    continue
+                rows = len(data.get_value(borrow=True))
+                if rows != source.total_size:
+                    raise ModelError(
+                        f"pm.Minibatch data {name} now have {rows} rows, but the step was built "
+                        f"for N={source.total_size} (pm.set_data after building it?). Build the "
+                        f"step again, with total_size={rows} on the observed variables."
+                    )
+
     def draw_indices(self, rng: np.random.Generator, steps: int) -> list[np.ndarray]:
         """Row indices for ``steps`` consecutive minibatches, drawn with replacement.
 

@@ -482,6 +482,25 @@ def test_pm_data_minibatch_reads_the_shared_data():
     np.testing.assert_allclose(fn(np.array([0.1]), idx), -0.1 + 6 * (x[:5] - 0.1).sum())
     data.set_value(x + 1)
     np.testing.assert_allclose(fn(np.array([0.1]), idx), -0.1 + 6 * (x[:5] + 0.9).sum())
+    sg.check_data_rows()  # new values, the same N rows: fine
+
+
+def test_a_step_refuses_data_whose_number_of_rows_changed():
+    # Indices are drawn from range(N) of the data the step was built for: after pm.set_data
+    # with fewer rows they would run past the end (an IndexError deep in the block before).
+    from pymc_sgmcmc import SGLD
+
+    x = np.random.default_rng(0).standard_normal(30)
+    with pm.Model():
+        data = pm.Data("x", x)
+        mu = pm.Normal("mu", 0, 1)
+        pm.Normal("obs", mu, 1, observed=pm.Minibatch(data, batch_size=5), total_size=30)
+        step = SGLD(step_size=1e-3)
+        pm.set_data({"x": x[:20]})
+        with pytest.raises(
+            ModelError, match=r"'x' now have 20 rows, but the step was built for N=30"
+        ):
+            pm.sample(step=step, draws=5, tune=0, chains=1, progressbar=False)
 
 
 def test_flat_prior_has_no_prior_force():
