@@ -485,6 +485,21 @@ def test_pm_data_minibatch_reads_the_shared_data():
     sg.check_data_rows()  # new values, the same N rows: fine
 
 
+def test_minibatch_arrays_are_not_copied():
+    # The step reads the arrays given to pm.Minibatch where they are: a copy would double
+    # the memory of the large data sets SG-MCMC is for (P4, 381 MiB: 1,027 MiB peak after
+    # building SGLD with the copy, 638 without).
+    X, y = _regression(1000)
+    with pm.Model() as model:
+        X_mb, y_mb = pm.Minibatch(X, y, batch_size=10)
+        w = pm.Normal("w", shape=2)
+        pm.Normal("y", X_mb @ w, 1.0, observed=y_mb, total_size=len(y))
+    sg = SGModel(model, model.value_vars)
+    (source,) = sg.sources
+    for constant, shared in zip(source.data, source.shared_data, strict=True):
+        assert np.shares_memory(constant.data, shared.get_value(borrow=True))
+
+
 def test_a_step_refuses_data_whose_number_of_rows_changed():
     # Indices are drawn from range(N) of the data the step was built for: after pm.set_data
     # with fewer rows they would run past the end (an IndexError deep in the block before).
