@@ -808,9 +808,9 @@ class SGModel:
         summed, from_rows = fn(theta, *idx)
         if not np.isfinite(summed).all():
             raise ModelError(
-                "the minibatch force is not finite (NaN or Inf) near the initial point, on a "
-                "random batch: check the initial values (initvals) and that the likelihood is "
-                "defined for every row of the data."
+                "the minibatch force is not finite (NaN or Inf) near the model's initial point, "
+                "on a random batch: check that the likelihood is defined for every row of the "
+                "data, and the initial values the model declares (initval=...)."
             )
         scale = np.max(np.abs(summed)) + 1e-12
         # float32 sums of n rows in two orders differ by ~sqrt(n) 1e-7 relative; a term that
