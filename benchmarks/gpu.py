@@ -14,8 +14,8 @@ indices and noise), as wall time, the median of ``--repeats`` fills, with the ho
 * ``float32``: the model built under ``floatX = "float32"``,
 
 and for mCCAdL and NOGIN ``previous kernels``: the Krylov kernels as they were before the
-Taylor series of the small tridiagonal exponential and the unrolled CG iterations
-(``benchmarks/jax_krylov.py`` times the kernels alone),
+latest change, :func:`previous_krylov_kernels` (``benchmarks/jax_krylov.py`` times the
+kernels alone),
 
 and both parts run ``pm.sample`` end to end (SGLD and mCCAdL with their defaults on P1,
 1,000 tuning draws and 1,000 draws), checking the posterior against the exact one; the two
@@ -152,17 +152,18 @@ def data_passed_at_each_call():
 
 @contextmanager
 def previous_krylov_kernels():
-    """The JAX Krylov kernels as they were before ``jax_compile``'s Taylor series and
-    unrolled conjugate gradients: exp(-t T) e_1 always from the eigen-decomposition, and
-    every CG iteration in the while loop (the constants are read when a block is traced)."""
+    """The JAX Krylov kernels as they were before the latest change (run 3 of
+    ``gpu_results.md``): the Taylor series of exp(-t T) e_1 in one substep only, so a
+    shifted T wider than its radius takes the eigen-decomposition (the constant is read when
+    a block is traced)."""
     from pymc_sgmcmc import jax_compile
 
-    kept = jax_compile.TAYLOR_RADIUS, jax_compile.CG_UNROLLED
-    jax_compile.TAYLOR_RADIUS, jax_compile.CG_UNROLLED = -1.0, 0
+    kept = jax_compile.TAYLOR_SUBSTEPS
+    jax_compile.TAYLOR_SUBSTEPS = (1,)
     try:
         yield
     finally:
-        jax_compile.TAYLOR_RADIUS, jax_compile.CG_UNROLLED = kept
+        jax_compile.TAYLOR_SUBSTEPS = kept
 
 
 def end_to_end(setup: Setup, name: str, mode: str | None) -> tuple[dict, np.ndarray]:

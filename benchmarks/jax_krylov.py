@@ -6,10 +6,12 @@ them, on P1-sized low-rank parts (G of 500 x 100, float32 rows as mCCAdL reads t
 default): one covariance-vector product, three (straight-line code and a while loop: the
 loop's cost per iteration), an 8 x 8 eigen-decomposition (JAX's default and the QR
 algorithm), the Taylor series that replaces it for short Lanczos runs
-(``jax_compile._expm_e1_taylor``), and ``jax_compile.lanczos_expm`` and ``shifted_cg`` as
-they are and as they were before (exp(-t T) e_1 always from the eigen-decomposition; every
-conjugate-gradient iteration in the while loop), at a t where Lanczos stops after 3 products
-and an operator where CG stops after about 5 iterations::
+(``jax_compile._expm_e1_taylor``, in one substep and in four), and
+``jax_compile.lanczos_expm`` and ``shifted_cg`` as they are and as they were before
+(``gpu.previous_krylov_kernels``: the series in one substep only, a wider T taking the
+eigen-decomposition), at a t where Lanczos stops after 3 products with a narrow T, one
+where it stops after 6 with a T of norm 1.4 (as on D = 1,000, ``gpu.py``'s P1x10), and an
+operator where CG stops after about 5 iterations::
 
     python benchmarks/jax_krylov.py [--output benchmarks/jax_krylov_results.md]
 """
@@ -32,8 +34,9 @@ from report import header, output_path, write  # noqa: E402
 ROWS, DIM, STEPS, REPEATS = 500, 100, 400, 7
 #: mCCAdL's default Lanczos tolerance ("half") and cap.
 U, CAP = 2.0**-11, 64
-#: t and the CG operator's diagonal and gain (on Gc^T Gc / (n - 1)) for the counts above.
-T, CG_DIAGONAL, CG_GAIN = 0.1, 1.0, 0.18
+#: t (narrow and wide shifted T) and the CG operator's diagonal and gain (on Gc^T Gc / (n - 1))
+#: for the counts above.
+T, T_WIDE, CG_DIAGONAL, CG_GAIN = 0.1, 1.5, 1.0, 0.18
 
 
 def pieces():
@@ -63,13 +66,19 @@ def pieces():
 
         return run
 
-    def taylor(p, v):
-        diagonal, off = small_tridiagonal(v)
-        series, _ = jc._shifted_tridiagonal(diagonal, off, jnp.asarray(8), 0.01)
-        return v.at[:8].add(1e-3 * jc._expm_e1_taylor(*series))
+    def taylor(substeps):
+        def run(p, v):
+            diagonal, off = small_tridiagonal(v)
+            series, _ = jc._shifted_tridiagonal(diagonal, off, jnp.asarray(8), 0.01)
+            return v.at[:8].add(1e-3 * jc._expm_e1_taylor(*series, substeps))
 
-    def lanczos(p, v):
-        return jc.lanczos_expm(*p, np.zeros(DIM), T, v, U, CAP)[0]
+        return run
+
+    def lanczos(t):
+        def run(p, v):
+            return jc.lanczos_expm(*p, np.zeros(DIM), t, v, U, CAP)[0]
+
+        return run
 
     def cg(p, v):
         g, mean, columns, gain = p
@@ -104,11 +113,13 @@ def pieces():
         "three products, while loop": products(3, True),
         "eigh 8 x 8 (default)": eigh(None),
         "eigh 8 x 8 (QR)": eigh(Eigh.QR),
-        "Taylor series 8 x 8 (_expm_e1_taylor)": taylor,
-        "lanczos_expm": lanczos,
-        "lanczos_expm, previous (eigh always)": previous(lanczos),
+        "Taylor series 8 x 8 (_expm_e1_taylor)": taylor(1),
+        "Taylor series 8 x 8, 4 substeps": taylor(4),
+        "lanczos_expm": lanczos(T),
+        "lanczos_expm, previous": previous(lanczos(T)),
+        f"lanczos_expm, t = {T_WIDE}": lanczos(T_WIDE),
+        f"lanczos_expm, t = {T_WIDE}, previous": previous(lanczos(T_WIDE)),
         "shifted_cg": cg,
-        "shifted_cg, previous (while loop only)": previous(cg),
     }
     return table, tuple(jax.device_put(a) for a in parts)
 
@@ -149,11 +160,13 @@ def main() -> None:
     from pymc_sgmcmc import jax_compile as jc
 
     table, parts = pieces()
-    _, count = jc.lanczos_expm(*parts, np.zeros(DIM), T, np.ones(DIM), U, CAP)
+    counts = [
+        int(jc.lanczos_expm(*parts, np.zeros(DIM), t, np.ones(DIM), U, CAP)[1]) for t in (T, T_WIDE)
+    ]
     lines = header("The JAX Krylov kernels, piece by piece (`benchmarks/jax_krylov.py`)")
     lines += [
         f"- JAX device: {jax.devices()[0]} ({jax.devices()[0].device_kind})",
-        f"- Lanczos products at t = {T}: {int(count)}",
+        f"- Lanczos products at t = {T} and {T_WIDE}: {counts[0]} and {counts[1]}",
         "",
         "| piece | µs per step | first call s |",
         "| --- | --- | --- |",

@@ -122,14 +122,20 @@ class DeviceData:
 # and a library call more: mCCAdL's step on the D = 100 regression took 2.2 ms on an H100 with
 # the scan of 64 Lanczos iterations, and 0.51 ms with the while loop on an H200, of which about
 # 0.3 ms was the 8 x 8 eigen-decomposition (cuSOLVER); 0.22 ms with the Taylor series below
-# (``benchmarks/gpu_results.md`` run 3, ``benchmarks/jax_krylov_results.md``).
+# (``benchmarks/gpu_results.md`` run 3, ``benchmarks/jax_krylov_results.md``); at D = 1,000,
+# 0.79 ms with one substep of the series and 0.54 ms with four (run 4).
 #: Lanczos runs that stop within this many products take exp(-t T) e_1 from a Taylor series
 #: of this leading block of the tridiagonal T (zero beyond the count).
 SMALL_TRIDIAGONAL = 8
-#: ... when the shifted block -t (T - mu I) has infinity norm at most TAYLOR_RADIUS, where the
-#: series to TAYLOR_DEGREE is exact to 0.5^16 / 16! e^0.5 = 1.2e-18 relative; other runs (and
-#: the a-posteriori check at the cap) take the eigen-decomposition of T, as the numba kernel.
+#: ... when the shifted block X = -t (T - mu I) has infinity norm at most TAYLOR_RADIUS, where
+#: the series to TAYLOR_DEGREE is exact to 0.5^16 / 16! e^0.5 = 1.2e-18 relative;
 TAYLOR_RADIUS, TAYLOR_DEGREE = 0.5, 15
+#: ... or, for a wider block, in s substeps, exp(X) e_1 = exp(X / s)^s e_1, with the first s
+#: of these that brings X / s within the radius: D = 1,000 regression (``benchmarks/gpu.py``'s
+#: P1x10) has norms of 0.75-2.5 (median 1.0, 2 % above 2), where a step spent about 0.29 ms
+#: of its 0.78 ms on the eigen-decomposition. Other runs (and the a-posteriori check at the
+#: cap) take the eigen-decomposition of T, as the numba kernel.
+TAYLOR_SUBSTEPS = (1, 4)
 #: Conjugate-gradient iterations run as straight-line code (each frozen once the residual is
 #: small enough) before a while loop takes over: a GPU's while loop costs a device-to-host
 #: copy of its condition per iteration. Under JAX on a CPU (numba is the CPU backend) the
@@ -184,8 +190,9 @@ def lanczos_expm(g, mean, columns, gain, shift, t, v, u, max_products):
     matrix T, result and a-posteriori check at the cap; the basis and T are padded to
     ``max_products`` with zeros, which leave the result unchanged. exp(-t T) e_1 comes from
     T's eigen-decomposition, as in numba, except for a run that stopped within
-    ``SMALL_TRIDIAGONAL`` products with a small shifted T (the usual case), which takes it
-    from a Taylor series (``_expm_e1_taylor``, equal to rounding)."""
+    ``SMALL_TRIDIAGONAL`` products with a shifted T of norm up to ``TAYLOR_RADIUS`` times the
+    largest of ``TAYLOR_SUBSTEPS`` (the usual case), which takes it from a Taylor series in
+    substeps (``_expm_e1_taylor``, equal to rounding)."""
     import jax.numpy as jnp
     from jax import lax
 
@@ -239,8 +246,11 @@ def lanczos_expm(g, mean, columns, gain, shift, t, v, u, max_products):
     small = min(SMALL_TRIDIAGONAL, max_products)
     series, norm = _shifted_tridiagonal(s["alphas"][:small], s["couplings"][:small], s["count"], t)
 
-    def by_taylor_series(s):
-        return norm_v * (_expm_e1_taylor(*series) @ s["basis"][:small])
+    def by_taylor_series(substeps):
+        def finish(s):
+            return norm_v * (_expm_e1_taylor(*series, substeps) @ s["basis"][:small])
+
+        return finish
 
     def by_eigen_decomposition(size):
         def finish(s):
@@ -262,11 +272,16 @@ def lanczos_expm(g, mean, columns, gain, shift, t, v, u, max_products):
 
         return finish
 
-    # One branch runs: the Taylor series, or the decomposition of the small block (up to
-    # `small` products: zero beyond the count) or of the whole padded T.
-    taylor = s["stop"] & (s["count"] <= small) & (norm <= TAYLOR_RADIUS)
-    branch = jnp.where(taylor, 0, jnp.where(s["count"] <= small, 1, 2))
-    finishes = [by_taylor_series, by_eigen_decomposition(small)]
+    # One branch runs: the Taylor series in the fewest substeps that fit, or the
+    # decomposition of the small block (up to `small` products: zero beyond the count) or of
+    # the whole padded T.
+    finishes = [by_taylor_series(substeps) for substeps in TAYLOR_SUBSTEPS]
+    short = s["count"] <= small
+    branch = jnp.where(short, len(finishes), len(finishes) + 1)
+    for i in reversed(range(len(finishes))):
+        fits = s["stop"] & short & (norm <= TAYLOR_RADIUS * TAYLOR_SUBSTEPS[i])
+        branch = jnp.where(fits, i, branch)
+    finishes += [by_eigen_decomposition(small)]
     finishes += [by_eigen_decomposition(max_products)] if max_products > small else []
     result = lax.switch(jnp.minimum(branch, len(finishes) - 1), finishes, s)
     return result.astype(dtype), s["count"].astype("int64")
@@ -291,19 +306,28 @@ def _shifted_tridiagonal(alphas, couplings, count, t):
     return (diagonal, below, above, jnp.exp(-t * mu)), norm
 
 
-def _expm_e1_taylor(diagonal, below, above, scale):
-    """scale exp(X) e_1 for the tridiagonal X of :func:`_shifted_tridiagonal`, by its Taylor
-    series to ``TAYLOR_DEGREE`` (the caller checks that X's norm is at most
-    ``TAYLOR_RADIUS``): products with X as shifted slices, no library call."""
+def _expm_e1_taylor(diagonal, below, above, scale, substeps: int = 1):
+    """scale exp(X) e_1 for the tridiagonal X of :func:`_shifted_tridiagonal`, as
+    exp(X / s)^s e_1 with s = ``substeps`` and the Taylor series of exp(X / s) to
+    ``TAYLOR_DEGREE`` (the caller checks that X's norm is at most s ``TAYLOR_RADIUS``):
+    the series as a matrix, its terms' products with X as shifted rows, and s products of it
+    with a vector; no library call. (A series of vectors in s rounds would be one chain of s
+    times the terms, which XLA compiled to a kernel 30 times slower than one round.)"""
     import jax.numpy as jnp
 
-    zero = jnp.zeros(1, diagonal.dtype)
-    term = total = jnp.zeros_like(diagonal).at[0].set(1.0)
+    size = diagonal.shape[0]
+    zero = jnp.zeros((1, size), diagonal.dtype)
+    diagonal, below, above = (part[:, None] / substeps for part in (diagonal, below, above))
+    term = total = jnp.eye(size, dtype=diagonal.dtype)
     for j in range(1, TAYLOR_DEGREE + 1):
-        previous, following = jnp.concatenate([zero, term[:-1]]), jnp.concatenate([term[1:], zero])
+        previous = jnp.concatenate([zero, term[:-1]])
+        following = jnp.concatenate([term[1:], zero])
         term = (diagonal * term + below * previous + above * following) / j
         total = total + term
-    return scale * total
+    vector = total[:, 0]
+    for _ in range(substeps - 1):
+        vector = jnp.sum(total * vector, axis=1)
+    return scale * vector
 
 
 def shifted_cg(g, mean, columns, gain, diagonal, v, tolerance, iterations):

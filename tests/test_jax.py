@@ -231,12 +231,14 @@ def test_jax_blocks_run_the_low_rank_kernels_which_stop_early(name, kernel, stat
 def test_jax_taylor_series_of_a_small_tridiagonal_exponential_is_exact_to_rounding():
     # The JAX Lanczos kernel's exp(-t T) e_1 for a short run: the Taylor series of the
     # shifted block, exact to rounding wherever its infinity norm is at most TAYLOR_RADIUS
-    # (the bound the kernel checks), against SciPy's expm; zero beyond the block.
+    # times the substeps (the bound the kernel checks), against SciPy's expm; zero beyond
+    # the block.
     from scipy.linalg import expm
 
     from pymc_sgmcmc.jax_compile import (
         SMALL_TRIDIAGONAL,
         TAYLOR_RADIUS,
+        TAYLOR_SUBSTEPS,
         _expm_e1_taylor,
         _shifted_tridiagonal,
     )
@@ -248,13 +250,13 @@ def test_jax_taylor_series_of_a_small_tridiagonal_exponential_is_exact_to_roundi
         alphas[:count] = 40.0 + rng.uniform(-1.0, 1.0, count)
         couplings[: count - 1] = rng.uniform(0.2, 1.0, count - 1)
         tridiagonal = np.diag(alphas) + np.diag(couplings[:-1], 1) + np.diag(couplings[:-1], -1)
-        for target in (0.05, TAYLOR_RADIUS):
+        for target, substeps in [(0.05, 1)] + [(TAYLOR_RADIUS * s, s) for s in TAYLOR_SUBSTEPS]:
             _, norm = _shifted_tridiagonal(alphas, couplings, np.asarray(count), 1.0)
             t = target / float(norm) if count > 1 else 0.01
             series, norm = _shifted_tridiagonal(alphas, couplings, np.asarray(count), t)
-            assert float(norm) <= TAYLOR_RADIUS * (1 + 1e-12)
+            assert float(norm) <= TAYLOR_RADIUS * substeps * (1 + 1e-12)
             expected = expm(-t * tridiagonal[:count, :count])[:, 0]
-            result = np.asarray(_expm_e1_taylor(*series))
+            result = np.asarray(_expm_e1_taylor(*series, substeps))
             np.testing.assert_allclose(result[:count], expected, rtol=1e-14, atol=1e-16)
             assert not result[count:].any()
 
@@ -277,7 +279,8 @@ def test_jax_low_rank_kernels_equal_the_numba_kernels():
     for cap in (64, 4):
         outputs = [
             *LowRankExpm("double", cap)(*inputs, vector),
-            # At t = 0.2, 7 products and a shifted T too wide for the Taylor series.
+            # At t = 0.05, 4 products and a shifted T of norm 1.1 (the Taylor series in 4
+            # substeps); at t = 0.2, 7 products and one too wide for the series.
             *LowRankExpm("half", cap)(*inputs, vector),
             LowRankShiftedSolve(1e-12, 200)(*inputs[:5], vector),
             # A loose tolerance on a well-conditioned system (a few iterations), which one
@@ -288,7 +291,7 @@ def test_jax_low_rank_kernels_equal_the_numba_kernels():
             pytensor.function([*inputs, vector], outputs, mode=prepare(mode))
             for prepare, mode in ((with_covariance_kernels, "NUMBA"), (for_jax, "JAX"))
         )
-        for t in (0.001, 0.2):
+        for t in (0.001, 0.05, 0.2):
             expected, result = on_numba(*operator, t, v), on_jax(*operator, t, v)
             np.testing.assert_allclose(result[0], expected[0], rtol=0, atol=1e-14)
             assert result[1] == expected[1] and result[3] == expected[3]
