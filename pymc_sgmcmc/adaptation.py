@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-__all__ = ["WindowVariance", "adaptation_boundaries"]
+__all__ = ["DRIFT_THRESHOLD", "WindowVariance", "adaptation_boundaries"]
 
 #: Stan's defaults for tune >= 150 draws: initial interval, first slow window, terminal interval.
 INITIAL_BUFFER, BASE_WINDOW, TERMINAL_BUFFER = 75, 25, 50
@@ -48,9 +48,21 @@ def adaptation_boundaries(tune: int) -> list[tuple[int, bool]]:
     return boundaries
 
 
+#: A coordinate drifted over a slow window when the means of the window's two halves differ by
+#: more than this many of their pooled within-half standard deviations. A stationary chain
+#: stored about once per relaxation time (integrated autocorrelation time tau of about 2
+#: draws) gives that statistic a standard deviation of about sqrt(4 tau / m) over m draws:
+#: 0.6 in the shortest window (25 draws), 0.13 in the last one of tune=1000. A chain still
+#: travelling trips it once it moves by about 3.3 of its own spreads over the window (a linear
+#: drift Delta against a noise sd sigma scores (Delta/2) / sqrt(sigma^2 + Delta^2/48)), where
+#: the drift would inflate the window's variance about 1.9-fold; the SGNHT chain from 100
+#: posterior sd away that this guards against scored about 3.
+DRIFT_THRESHOLD = 1.5
+
+
 @dataclass
-class WindowVariance:
-    """Running mean and variance of the draws of one window (Welford's algorithm)."""
+class _Moments:
+    """Count, mean and sum of squared deviations of a stream of draws (Welford's algorithm)."""
 
     dim: int
     count: int = 0
@@ -67,16 +79,63 @@ class WindowVariance:
         self.mean += delta / self.count
         self.m2 += delta * (x - self.mean)
 
+    def merged(self, other: _Moments) -> _Moments:
+        """The moments of both streams together (Chan, Golub & LeVeque's pairwise update)."""
+        merged = _Moments(self.dim, self.count + other.count)
+        if merged.count == 0:
+            return merged
+        delta = other.mean - self.mean
+        merged.mean = self.mean + delta * other.count / merged.count
+        merged.m2 = self.m2 + other.m2 + delta**2 * self.count * other.count / merged.count
+        return merged
+
+
+@dataclass
+class WindowVariance:
+    """Running mean and variance of the draws of one window, kept for its two halves (the
+    first ``length // 2`` draws added and the rest), which tell a chain that was still
+    travelling (:meth:`drifting`) from one that was sampling."""
+
+    dim: int
+    length: int = 0
+    halves: tuple[_Moments, _Moments] = field(init=False)
+
+    def __post_init__(self):
+        self.halves = (_Moments(self.dim), _Moments(self.dim))
+
+    @property
+    def count(self) -> int:
+        return self.halves[0].count + self.halves[1].count
+
+    def add(self, x: np.ndarray) -> None:
+        first, second = self.halves
+        (first if first.count < self.length // 2 else second).add(x)
+
+    def drifting(self) -> np.ndarray:
+        """Per coordinate: did the window's two halves differ in mean by more than
+        ``DRIFT_THRESHOLD`` pooled within-half standard deviations? All False when a half
+        has fewer than 2 draws."""
+        first, second = self.halves
+        if min(first.count, second.count) < 2:
+            return np.zeros(self.dim, dtype=bool)
+        pooled = 0.5 * (first.m2 / (first.count - 1) + second.m2 / (second.count - 1))
+        gap = np.abs(second.mean - first.mean)
+        return gap > DRIFT_THRESHOLD * np.sqrt(pooled)
+
     def standard_deviations(self, previous: np.ndarray) -> np.ndarray:
         """The scales of the new preconditioner: the window's standard deviations, shrunk
         with the weight of ``PRIOR_DRAWS`` draws towards the previous scales brought to the
         window's overall level (their median ratio), as Stan regularises its metric: a short
-        window cannot collapse one scale, and an unscaled start (all ones) is not a target."""
-        if self.count < 2:
+        window cannot collapse one scale, and an unscaled start (all ones) is not a target.
+        A coordinate that drifted over the window keeps its previous scale: its spread there
+        is the distance travelled, not the posterior's width."""
+        whole = self.halves[0].merged(self.halves[1])
+        if whole.count < 2:
             return previous
-        variance = self.m2 / (self.count - 1)
+        variance = whole.m2 / (whole.count - 1)
         if not np.all(np.isfinite(variance)) or np.max(variance) <= 0:
             return previous
         target = previous**2 * np.median(variance / previous**2)
-        weight = self.count / (self.count + PRIOR_DRAWS)
-        return np.sqrt(weight * variance + (1.0 - weight) * target)
+        weight = whole.count / (whole.count + PRIOR_DRAWS)
+        scale = np.sqrt(weight * variance + (1.0 - weight) * target)
+        return np.where(self.drifting(), previous, scale)

@@ -49,7 +49,7 @@ from pytensor.tensor.variable import TensorVariable
 from rich.progress import TextColumn
 from rich.table import Column
 
-from pymc_sgmcmc.adaptation import WindowVariance, adaptation_boundaries
+from pymc_sgmcmc.adaptation import DRIFT_THRESHOLD, WindowVariance, adaptation_boundaries
 from pymc_sgmcmc.gather_dot import with_gather_dot
 from pymc_sgmcmc.gram_product import with_covariance_kernels
 from pymc_sgmcmc.jax_compile import DeviceData, for_jax
@@ -179,7 +179,9 @@ class SGMCMC(ArrayStepShared):
         deviations of the tuning draws) during ``tune``, in Stan's doubling windows; every
         operator then runs in the coordinates theta / sd. With a user-given ``step_size`` the
         sd are normalised to a largest value of 1, so that the step size keeps its meaning
-        in the widest coordinate and no coordinate becomes harder to integrate.
+        in the widest coordinate and no coordinate becomes harder to integrate. A coordinate
+        still travelling over a window (the means of its two halves more than
+        ``adaptation.DRIFT_THRESHOLD`` within-half sd apart) keeps its previous sd.
     control_variates : bool, default False
         Use the control-variate force of Baker et al. (2019), F(anchor) + F~(theta) -
         F~(anchor) (both minibatch forces on the same rows; F(anchor) exact, from one pass
@@ -208,6 +210,14 @@ class SGMCMC(ArrayStepShared):
         threshold for models whose parameters are legitimately that large.
     rng : RandomGenerator, optional
         Replaced per chain by ``pm.sample``'s ``random_seed``.
+
+    Warns
+    -----
+    RuntimeWarning
+        When the chain was still travelling in the last adaptation window (give ``tune``
+        more draws or start nearer the posterior); when a user's ``step_size`` is beyond the
+        linear-stability limit at the first kept draw; when steps diverge (once, with the
+        step size to try).
 
     Notes
     -----
@@ -794,7 +804,7 @@ class SGMCMC(ArrayStepShared):
         self.tune_drawn = 0
         adapting = self.adapt_preconditioner or self.user_step_size is None
         self.boundaries = adaptation_boundaries(tune) if adapting else []
-        self.window = WindowVariance(self.dim)
+        self.window = self._new_window()
         self.recent = []
 
     def reset_tuning(self) -> None:
@@ -933,6 +943,8 @@ class SGMCMC(ArrayStepShared):
         coordinates."""
         if self.control_variates:
             self._set_anchor(theta)
+        if slow_window and not self.boundaries:
+            self._warn_if_drifting(self.window.drifting())
         if slow_window and self.adapt_preconditioner:
             scale = self.window.standard_deviations(self.scale)
             # With an adapted step size the coordinates are theta / sd, in which a friction
@@ -942,12 +954,44 @@ class SGMCMC(ArrayStepShared):
             # easier to integrate.
             self.scale = scale if self.adapts_step_size else scale / np.max(scale)
         if self.adapts_step_size:
-            phase = "final" if not self.boundaries else "tuning" if slow_window else "transient"
+            # After the initial interval too the next window's draws set the preconditioner:
+            # the transient's looser noise rule would let them run hot (SGHMC at N/n = 1,000:
+            # kinetic temperature 3-30, a first preconditioner 3x too wide).
+            phase = "tuning" if self.boundaries else "final"
             self._set_kernel(self._choose_step_size(theta, phase))
-        self.window = WindowVariance(self.dim)
+        self.window = self._new_window()
         self.chain_state = None
         self.buffer = None
         self.shrinkage_due = True
+
+    def _new_window(self) -> WindowVariance:
+        """The draws' moments until the next window end (split in halves at its middle)."""
+        length = self.boundaries[0][0] - self.tune_drawn if self.boundaries else 0
+        return WindowVariance(self.dim, length)
+
+    def _warn_if_drifting(self, drifting: np.ndarray) -> None:
+        """Warn when the last slow window's draws were still travelling: the kernel kept for
+        the draws is then chosen on the way to the posterior, and the first draws may still
+        be on their way."""
+        if not drifting.any():
+            return
+        served = getattr(self, "_served", None)
+        names, start = [], 0
+        for name, _shape, size, _dtype in served.raveled.point_map_info if served else ():
+            if drifting[start : start + size].any():
+                names.append(name)
+            start += size
+        where = f" ({', '.join(repr(n) for n in names)})" if names else ""
+        warnings.warn(
+            f"{type(self).__name__}: the chain was still drifting at the end of tuning: "
+            f"{int(drifting.sum())} of {self.dim} coordinates{where} moved by more than "
+            f"{DRIFT_THRESHOLD} of their spreads between the two halves of the last "
+            "adaptation window. The step size and preconditioner were chosen on the way to "
+            "the posterior and the first draws may still be travelling: increase tune or "
+            "start nearer the posterior (initvals).",
+            RuntimeWarning,
+            stacklevel=2,
+        )
 
     def _initial_kernel(self, theta: np.ndarray) -> None:
         """Chain start with an adapted step size. Before any draws, the preconditioner is

@@ -8,6 +8,8 @@ model without adaptation shows the problem it solves.
 
 from __future__ import annotations
 
+import warnings
+
 import arviz as az
 import numpy as np
 import pymc as pm
@@ -15,7 +17,12 @@ import pytest
 from adaptation_models import MODELS, WideGaussian, errors, moments_of, reference
 
 from pymc_sgmcmc import MSGLD, NOGIN, SGHMC, SGLD, SGNHT, CCAdL, MCCAdL
-from pymc_sgmcmc.adaptation import PRIOR_DRAWS, WindowVariance, adaptation_boundaries
+from pymc_sgmcmc.adaptation import (
+    DRIFT_THRESHOLD,
+    PRIOR_DRAWS,
+    WindowVariance,
+    adaptation_boundaries,
+)
 
 SAMPLE_KWARGS = dict(progressbar=False, compute_convergence_checks=False)
 ALL_SAMPLERS = [SGLD, MSGLD, SGHMC, SGNHT, CCAdL, MCCAdL, NOGIN]
@@ -47,6 +54,100 @@ def test_window_variance_is_welford_shrunk_towards_previous_scale():
     target = previous**2 * np.median(variance / previous**2)
     expected = np.sqrt(weight * variance + (1 - weight) * target)
     np.testing.assert_allclose(window.standard_deviations(previous), expected, rtol=1e-12)
+
+
+def ar1_draws(rng, draws, dim, rho=0.3679):
+    """A stationary chain of unit variance stored about once per relaxation time (lag-1
+    autocorrelation e^-1), as the adapted ``thin`` stores it."""
+    x = np.empty((draws, dim))
+    x[0] = rng.standard_normal(dim)
+    for t in range(1, draws):
+        x[t] = rho * x[t - 1] + np.sqrt(1 - rho**2) * rng.standard_normal(dim)
+    return x
+
+
+def test_window_halves_give_the_whole_windows_variance_and_spot_a_travelling_chain():
+    rng = np.random.default_rng(1)
+    previous = np.full(2000, 0.5)
+    # Stationary: the variance of all draws (the halves merged), and few coordinates
+    # flagged: the statistic has sd ~ sqrt(4 tau / m) = 0.59 at m = 25 (tau = 2.16), so
+    # about 1 % beyond the threshold of 1.5; none over the 500 draws of tune=1000's last
+    # window (sd 0.13).
+    for draws, flagged in ((25, 0.03), (500, 0.0)):
+        x = ar1_draws(rng, draws, 2000)
+        window = WindowVariance(2000, draws)
+        for row in x:
+            window.add(row)
+        assert window.halves[0].count == draws // 2 and window.count == draws
+        np.testing.assert_allclose(window.halves[0].merged(window.halves[1]).m2 / (draws - 1),
+                                   x.var(0, ddof=1), rtol=1e-10)  # fmt: skip
+        assert window.drifting().mean() <= flagged
+    # Half the coordinates travel 6 of their spreads over the window (variance inflated
+    # 4-fold, the statistic about 2.3 with sd 0.3): they keep their previous scale, the
+    # others are estimated.
+    x = ar1_draws(rng, 100, 2000)
+    x[:, :1000] += np.linspace(6.0, 0.0, 100)[:, None]
+    window = WindowVariance(2000, 100)
+    for row in x:
+        window.add(row)
+    drifting = window.drifting()
+    assert drifting[:1000].mean() > 0.95 and drifting[1000:].mean() < 0.01
+    scale = window.standard_deviations(previous)
+    np.testing.assert_array_equal(scale[drifting], previous[drifting])
+    np.testing.assert_allclose(np.median(scale[1000:]), 1.0, rtol=0.1)
+    assert DRIFT_THRESHOLD == 1.5
+
+
+def drifting_warnings(record) -> list[str]:
+    return [str(w.message) for w in record if "still drifting" in str(w.message)]
+
+
+def test_a_chain_still_travelling_at_the_end_of_tuning_is_reported():
+    # SGNHT from 150 posterior sd away with tune=100: its thermostat heats up on the way
+    # in and the chain is still travelling in the one slow window (about 40 sd over it).
+    # The user is told, with the variable's name; from the posterior mean, not.
+    rng = np.random.default_rng(0)
+    n_obs = 2000
+    X = rng.standard_normal((n_obs, 2))
+    y = X @ np.array([0.5, -1.0]) + rng.standard_normal(n_obs)
+    for start, expected in ((np.array([3.0, 3.0]), 1), (np.array([0.5, -1.0]), 0)):
+        with pm.Model():
+            X_mb, y_mb = pm.Minibatch(X, y, batch_size=100)
+            w = pm.Normal("w", 0, 10, shape=2)
+            pm.Normal("y", X_mb @ w, 1, observed=y_mb, total_size=n_obs)
+            with warnings.catch_warnings(record=True) as record:
+                warnings.simplefilter("always")
+                pm.sample(
+                    10, tune=100, step=SGNHT(), chains=1, random_seed=1, initvals={"w": start},
+                    **SAMPLE_KWARGS,
+                )  # fmt: skip
+        messages = drifting_warnings(record)
+        assert len(messages) == expected, messages
+        assert all("('w')" in m and "tune" in m for m in messages)
+
+
+def test_the_first_slow_window_does_not_sample_hot():
+    # N/n = 1,000: the minibatch noise is large against the injected noise. The initial
+    # interval's looser rule (h sigma_max <= 1/2) runs SGHMC at kinetic temperatures of
+    # 3-30; the window after it, whose spread sets the preconditioner, must run under the
+    # tuning rule (at most about twice the injected noise), else the scales come out about
+    # 3x the posterior sd. Started at the posterior mean: no travel, only the temperature.
+    rng = np.random.default_rng(0)
+    n_obs = 100_000
+    X = rng.standard_normal((n_obs, 2))
+    y = X @ np.array([0.5, -1.0]) + rng.standard_normal(n_obs)
+    posterior_sd = 1 / np.sqrt(np.linalg.eigvalsh(X.T @ X))  # X^T X is nearly diagonal
+    with pm.Model():
+        X_mb, y_mb = pm.Minibatch(X, y, batch_size=100)
+        w = pm.Normal("w", 0, 10, shape=2)
+        pm.Normal("y", X_mb @ w, 1, observed=y_mb, total_size=n_obs)
+        step = SGHMC()
+        pm.sample(
+            10, tune=100, step=step, chains=1, random_seed=1,
+            initvals={"w": np.linalg.lstsq(X, y)[0]}, **SAMPLE_KWARGS,
+        )  # fmt: skip
+    ratio = np.sort(step.scale) / np.sort(posterior_sd)
+    assert np.all((ratio > 0.6) & (ratio < 1.6)), ratio
 
 
 def sample(model, step, draws=2000, tune=1000, seed=3, **kwargs):
