@@ -56,7 +56,9 @@ def adaptation_boundaries(tune: int) -> list[tuple[int, bool]]:
 #: travelling trips it once it moves by about 3.3 of its own spreads over the window (a linear
 #: drift Delta against a noise sd sigma scores (Delta/2) / sqrt(sigma^2 + Delta^2/48)), where
 #: the drift would inflate the window's variance about 1.9-fold; the SGNHT chain from 100
-#: posterior sd away that this guards against scored about 3.
+#: posterior sd away that this guards against scored about 3. Only that storage gives the
+#: statistic its calibration: with a user's ``step_size`` or ``thin`` the draws may be
+#: correlated over many windows (``thin=1`` at a small step), and the check is not made.
 DRIFT_THRESHOLD = 1.5
 
 
@@ -122,13 +124,15 @@ class WindowVariance:
         gap = np.abs(second.mean - first.mean)
         return gap > DRIFT_THRESHOLD * np.sqrt(pooled)
 
-    def standard_deviations(self, previous: np.ndarray) -> np.ndarray:
+    def standard_deviations(
+        self, previous: np.ndarray, keep: np.ndarray | None = None
+    ) -> np.ndarray:
         """The scales of the new preconditioner: the window's standard deviations, shrunk
         with the weight of ``PRIOR_DRAWS`` draws towards the previous scales brought to the
         window's overall level (their median ratio), as Stan regularises its metric: a short
         window cannot collapse one scale, and an unscaled start (all ones) is not a target.
-        A coordinate that drifted over the window keeps its previous scale: its spread there
-        is the distance travelled, not the posterior's width."""
+        The coordinates of ``keep`` (those that drifted over the window: their spread there
+        is the distance travelled, not the posterior's width) keep their previous scales."""
         whole = self.halves[0].merged(self.halves[1])
         if whole.count < 2:
             return previous
@@ -138,4 +142,4 @@ class WindowVariance:
         target = previous**2 * np.median(variance / previous**2)
         weight = whole.count / (whole.count + PRIOR_DRAWS)
         scale = np.sqrt(weight * variance + (1.0 - weight) * target)
-        return np.where(self.drifting(), previous, scale)
+        return scale if keep is None else np.where(keep, previous, scale)

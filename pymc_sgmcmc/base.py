@@ -179,9 +179,10 @@ class SGMCMC(ArrayStepShared):
         deviations of the tuning draws) during ``tune``, in Stan's doubling windows; every
         operator then runs in the coordinates theta / sd. With a user-given ``step_size`` the
         sd are normalised to a largest value of 1, so that the step size keeps its meaning
-        in the widest coordinate and no coordinate becomes harder to integrate. A coordinate
-        still travelling over a window (the means of its two halves more than
-        ``adaptation.DRIFT_THRESHOLD`` within-half sd apart) keeps its previous sd.
+        in the widest coordinate and no coordinate becomes harder to integrate. With the
+        step size and ``thin`` adapted, a coordinate still travelling over a window (the
+        means of its two halves more than ``adaptation.DRIFT_THRESHOLD`` within-half sd
+        apart) keeps its previous sd.
     control_variates : bool, default False
         Use the control-variate force of Baker et al. (2019), F(anchor) + F~(theta) -
         F~(anchor) (both minibatch forces on the same rows; F(anchor) exact, from one pass
@@ -214,10 +215,10 @@ class SGMCMC(ArrayStepShared):
     Warns
     -----
     RuntimeWarning
-        When the chain was still travelling in the last adaptation window (give ``tune``
-        more draws or start nearer the posterior); when a user's ``step_size`` is beyond the
-        linear-stability limit at the first kept draw; when steps diverge (once, with the
-        step size to try).
+        When the chain was still travelling in the last adaptation window, with the step
+        size and ``thin`` adapted (give ``tune`` more draws or start nearer the posterior);
+        when a user's ``step_size`` is beyond the linear-stability limit at the first kept
+        draw; when steps diverge (once, with the step size to try).
 
     Notes
     -----
@@ -943,10 +944,14 @@ class SGMCMC(ArrayStepShared):
         coordinates."""
         if self.control_variates:
             self._set_anchor(theta)
+        # Draws stored once per relaxation time (adapted step size and thin) calibrate the
+        # drift check (adaptation.DRIFT_THRESHOLD); a user's choice need not.
+        calibrated = self.adapts_step_size and self.user_thin is None
+        drifting = self.window.drifting() if calibrated else np.zeros(self.dim, dtype=bool)
         if slow_window and not self.boundaries:
-            self._warn_if_drifting(self.window.drifting())
+            self._warn_if_drifting(drifting)
         if slow_window and self.adapt_preconditioner:
-            scale = self.window.standard_deviations(self.scale)
+            scale = self.window.standard_deviations(self.scale, keep=drifting)
             # With an adapted step size the coordinates are theta / sd, in which a friction
             # of 1 is about critical damping and the step-size rule reads in units of the
             # posterior's width. A user's fixed step size is the step in the widest coordinate
