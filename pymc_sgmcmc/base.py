@@ -981,10 +981,12 @@ class SGMCMC(ArrayStepShared):
         if not drifting.any():
             return
         served = getattr(self, "_served", None)
+        model = self.sg_model.model
+        rv_names = {v.name: model.values_to_rvs[v].name for v in model.value_vars}
         names, start = [], 0
         for name, _shape, size, _dtype in served.raveled.point_map_info if served else ():
             if drifting[start : start + size].any():
-                names.append(name)
+                names.append(rv_names.get(name, name))  # sigma, not sigma_log__
             start += size
         where = f" ({', '.join(repr(n) for n in names)})" if names else ""
         warnings.warn(
