@@ -945,9 +945,9 @@ class SGMCMC(ArrayStepShared):
         if self.control_variates:
             self._set_anchor(theta)
         # Draws stored once per relaxation time (adapted step size and thin) calibrate the
-        # drift check (adaptation.DRIFT_THRESHOLD); a user's choice need not.
-        calibrated = self.adapts_step_size and self.user_thin is None
-        drifting = self.window.drifting() if calibrated else np.zeros(self.dim, dtype=bool)
+        # drift check of a slow window (adaptation.DRIFT_THRESHOLD); a user's choice need not.
+        checked = slow_window and self.adapts_step_size and self.user_thin is None
+        drifting = self.window.drifting() if checked else np.zeros(self.dim, dtype=bool)
         if slow_window and not self.boundaries:
             self._warn_if_drifting(drifting)
         if slow_window and self.adapt_preconditioner:
