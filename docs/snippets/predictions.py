@@ -1,9 +1,10 @@
-"""Predictions from a model sampled through pm.Minibatch (the getting-started page).
+"""Predictions and LOO from a model sampled through pm.Minibatch (the getting-started page).
 
 Run from the repository root (the output is committed beside this file and shown on the page):
 ``.venv/bin/python docs/snippets/predictions.py > docs/snippets/predictions_output.txt 2>&1``
 """
 
+import arviz as az
 import numpy as np
 import pymc as pm
 
@@ -43,3 +44,10 @@ y_new = predictions.predictions["y"]
 print("predictive mean:", y_new.mean(("chain", "draw")).values.round(2))
 print("predictive sd:", y_new.std(("chain", "draw")).values.round(2))
 print("true mean:", (1.0 + X_new @ np.array([0.5, -1.0, 2.0])).round(2), "noise sd: 1")
+
+# Likewise the pointwise log-likelihood for LOO: on the sampling model it would be that of one
+# random batch; on the model built on the full data it has one column per row of (X, y).
+pm.compute_log_likelihood(idata, model=linear_regression(X, y), progressbar=False)
+loo = az.loo(idata)
+print("log-likelihood shape (chain, draw, row):", idata.log_likelihood["y"].shape)
+print(f"elpd_loo: {loo.elpd:.1f} (se {loo.se:.1f}), p_loo: {loo.p:.2f} (5 parameters)")
