@@ -17,7 +17,12 @@ steps per second of one chain with ``thin=10``, 1.8x at ``thin=1`` and 1.8-2.0x 
 defaults (P1 SGLD, two runs, ``benchmarks/engine_results_cores.md``); at ``thin=1`` a
 ``step`` call per draw gave 1.45-1.60x in the same measurement.
 Only the hand-over changes: every chain runs the same step method from the same generator
-as with ``cores=1``, so the draws and stats are the same.
+as with ``cores=1``, so the draws and stats are the same. So are the warnings: PyMC's workers
+let a step's ``warnings.warn`` go to the worker's own stderr (or, under a
+``warnings.catch_warnings`` of the caller's inherited by a forked worker, nowhere), so the
+divergence warning with its step-size hint and the end-of-tuning drift warning never reached
+a ``cores=2`` caller. A worker here records them and hands them over with the batch, and the
+main process issues them again, through the caller's warning filters.
 
 This module's ``ParallelSampler`` takes the place of ``pymc.sampling.parallel.ParallelSampler``
 when ``pymc_sgmcmc`` is imported (``pm.sample`` looks the class up there and offers no other
@@ -26,8 +31,10 @@ hook); for any step method but an SG sampler it runs PyMC's own code, unchanged.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import time
+import warnings
 from typing import Any
 
 import numpy as np
@@ -58,15 +65,17 @@ def batch_capacity(point: dict[str, np.ndarray]) -> int:
 class _BatchProcess(ps._Process):
     """A chain's worker: PyMC's, but handing over a batch of draws per round trip.
 
-    Messages: ``("writing_done", first_draw, count, stats)`` once the batch is in the shared
-    buffer (slot k holds draw ``first_draw + k``), answered by ``("write_next",)``. ``stats``
-    holds the batch's runs of draws in order: a list of per-draw stats (PyMC's form, from
-    :meth:`~pymc_sgmcmc.base.SGMCMC.step`) or a dict of per-draw columns (from
-    :meth:`~pymc_sgmcmc.base.SGMCMC.step_run`)."""
+    Messages: ``("writing_done", first_draw, count, stats, warnings)`` once the batch is in
+    the shared buffer (slot k holds draw ``first_draw + k``), answered by
+    ``("write_next",)``. ``stats`` holds the batch's runs of draws in order: a list of
+    per-draw stats (PyMC's form, from :meth:`~pymc_sgmcmc.base.SGMCMC.step`) or a dict of
+    per-draw columns (from :meth:`~pymc_sgmcmc.base.SGMCMC.step_run`); ``warnings`` those
+    the chain raised since the last batch (:func:`_portable`)."""
 
     def _start_loop(self):
         total = self._draws + self._tune  # _draws excludes tuning, as in PyMC's loop
-        self._step_method.setup_chain(self._rng, self._tune, self._draws)
+        with _recorded_warnings() as caught:
+            self._step_method.setup_chain(self._rng, self._tune, self._draws)
         msg = self._recv_msg()
         if msg[0] == "abort":
             raise KeyboardInterrupt()
@@ -77,27 +86,10 @@ class _BatchProcess(ps._Process):
         point = {name: np.array(values[0]) for name, values in self._point.items()}  # the start
         draw = 0
         while draw < total:
-            runs, count = [], 0  # runs: (each variable's draws, their stats)
-            started = time.perf_counter()
-            while draw + count < total and count < capacity:
-                if draw + count == self._tune:
-                    self._step_method.stop_tuning()
-                # A zarr trace records draw by draw here, so the draws come one by one too.
-                run = None
-                if not self._zarr_recording:
-                    left = min(capacity - count, total - draw - count)
-                    run = self._step_method.step_run(point, left)
-                if run is None:
-                    point, draw_stats = self._step_method.step(point)
-                    if self._zarr_recording:
-                        in_warmup = draw + count < self._tune
-                        self._zarr_chain.record(point, draw_stats, in_warmup=in_warmup)
-                    run = point, {name: v[None] for name, v in point.items()}, [draw_stats]
-                point, points, stats = run
-                runs.append((points, stats))
-                count += len(next(iter(points.values())))
-                if time.perf_counter() - started >= BATCH_SECONDS:
-                    break
+            runs = []  # (each variable's draws, their stats)
+            with _recorded_warnings() as batch_warnings:
+                point, count = self._compute_batch(point, draw, total, capacity, runs)
+            caught += batch_warnings
 
             msg = self._recv_msg()
             if msg[0] == "abort":
@@ -110,8 +102,60 @@ class _BatchProcess(ps._Process):
                 for name, values in points.items():
                     self._point[name][k : k + n] = values
                 k += n
-            self._msg_pipe.send(("writing_done", draw, count, [stats for _, stats in runs]))
+            batch_stats = [stats for _, stats in runs]
+            self._msg_pipe.send(("writing_done", draw, count, batch_stats, _portable(caught)))
+            caught = []
             draw += count
+
+    def _compute_batch(self, point, draw: int, total: int, capacity: int, runs: list):
+        """Draws from ``draw`` on, appended to ``runs``, for up to :data:`BATCH_SECONDS`
+        and at most ``capacity`` draws; returns the last point and the number of draws."""
+        count, started = 0, time.perf_counter()
+        while draw + count < total and count < capacity:
+            if draw + count == self._tune:
+                self._step_method.stop_tuning()
+            # A zarr trace records draw by draw here, so the draws come one by one too.
+            run = None
+            if not self._zarr_recording:
+                left = min(capacity - count, total - draw - count)
+                run = self._step_method.step_run(point, left)
+            if run is None:
+                point, draw_stats = self._step_method.step(point)
+                if self._zarr_recording:
+                    in_warmup = draw + count < self._tune
+                    self._zarr_chain.record(point, draw_stats, in_warmup=in_warmup)
+                run = point, {name: v[None] for name, v in point.items()}, [draw_stats]
+            point, points, stats = run
+            runs.append((points, stats))
+            count += len(next(iter(points.values())))
+            if time.perf_counter() - started >= BATCH_SECONDS:
+                break
+        return point, count
+
+
+@contextlib.contextmanager
+def _recorded_warnings():
+    """Every warning raised in the block, recorded instead of shown (the caller's filters
+    apply when the main process issues them again)."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        yield caught
+
+
+def _portable(caught: list) -> list[tuple]:
+    """Recorded warnings as picklable tuples: (message, category, filename, line number)."""
+    return [(str(w.message), w.category, w.filename, w.lineno) for w in caught]
+
+
+def _issue(portable: list[tuple]) -> None:
+    """Issue a worker's recorded warnings in this process, at their original location."""
+    for message, category, filename, lineno in portable:
+        warnings.warn_explicit(message, category, filename, lineno, registry=_REGISTRY)
+
+
+#: The registry of :func:`_issue`: a message already shown from one location is shown once,
+#: as ``warnings.warn`` does for a sequential run's chains.
+_REGISTRY: dict = {}
 
 
 def _per_draw_stats(runs: list) -> list[list[dict]]:
@@ -197,7 +241,8 @@ class _BatchProcessAdapter(ps.ProcessAdapter):
             ) from msg[1]
         if msg[0] != "writing_done":
             raise ValueError("Sampler sent bad message.")
-        _, first, count, runs = msg
+        _, first, count, runs, caught = msg
+        _issue(caught)
         proc._readable = True
         proc._num_samples += count
         return proc, first, count, _per_draw_stats(runs)

@@ -62,19 +62,30 @@ def test_batched_chains_equal_sequential_chains(handovers):
     assert len(handovers) < 3 * 1000 / 10, "draws travel in batches"
 
 
+def runtime_warnings(caught: list) -> list[str]:
+    return sorted(str(w.message) for w in caught if issubclass(w.category, RuntimeWarning))
+
+
 def test_batched_divergent_chains_equal_sequential_chains():
     # eps = 0.0087 lies just above the stability limit: now and then a chain diverges and
     # restarts, between runs of sane draws. The restarts, the short blocks after them and the
-    # running count of divergent draws come out as in the sequential run.
+    # running count of divergent draws come out as in the sequential run; so do the warnings
+    # (each chain's divergence warning with the step size to try), which PyMC's workers
+    # would print to their own stderr or lose, never to the caller.
     with GaussianRegression.make(n_obs=500, dim=2, batch_size=50).model():
         kwargs = dict(
             draws=300, tune=0, step=SGLD(step_size=0.0087, block_steps=40), chains=2,
             random_seed=3, **SAMPLE_KWARGS,
         )  # fmt: skip
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", RuntimeWarning)
+        with warnings.catch_warnings(record=True) as sequential_warnings:
+            warnings.simplefilter("always")
             sequential = pm.sample(cores=1, **kwargs)
+        with warnings.catch_warnings(record=True) as parallel_warnings:
+            warnings.simplefilter("always")
             parallel = pm.sample(cores=2, mp_ctx="forkserver", **kwargs)
+    expected = runtime_warnings(sequential_warnings)
+    assert sum(" diverged " in message for message in expected) == 2  # one per chain
+    assert runtime_warnings(parallel_warnings) == expected
     diverging = sequential.sample_stats["diverging"].values
     assert 5 < diverging.sum() < diverging.size / 4
     for name in ("diverging", "divergences", "minibatch_logp", "step_size"):
