@@ -19,12 +19,14 @@ def langevin_step_size(sampler: SGMCMC, curvature: float, noise: float, phase: s
     stationary variance is (1 + eps sigma^2 / 4) / (lambda (1 - eps lambda / 4)): the relative
     bias is eps lambda / 4 from the discretisation and eps sigma^2 / 4 from the gradient noise,
     Welling & Teh's sampling threshold. ``stability_constant`` c and ``noise_tolerance``
-    alpha bound them for the kernel kept after tuning (``phase="final"``); before that alpha
-    is at least 1 (a variance within a factor 2 is enough to set the preconditioner).
+    alpha bound them for the kernel the draws keep (``phase="final"`` after tuning,
+    ``"start_kept"`` from the start without windows); before that alpha is at least 1 (a
+    variance within a factor 2 is enough to set the preconditioner).
     """
     eps = sampler.stability_constant / curvature
     if noise > 0:
-        alpha = sampler.noise_tolerance if phase == "final" else max(sampler.noise_tolerance, 1.0)
+        strict = phase in ("final", "start_kept")
+        alpha = sampler.noise_tolerance if strict else max(sampler.noise_tolerance, 1.0)
         eps = min(eps, 4.0 * alpha / noise)
     return eps
 
