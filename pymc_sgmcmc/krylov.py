@@ -193,7 +193,10 @@ def lanczos_expm(
     last_beta, count, converged = outputs[5][-1], outputs[8][-1], outputs[9][-1]
     off = couplings[:-1]
     tridiagonal = pt.diag(alphas) + pt.diag(off, 1) + pt.diag(off, -1)
-    eigenvalues, vectors = pt.linalg.eigh(tridiagonal)
+    # A diverged state's non-finite T comes out as NaN (see model_layer.on_finite).
+    finite = pt.all(pt.isfinite(tridiagonal))
+    stand_in = pt.eye(tridiagonal.shape[0], dtype=dtype)  # T is k x k: k the products run
+    eigenvalues, vectors = pt.linalg.eigh(pt.switch(finite, tridiagonal, stand_in))
     first = vectors[0]
     # Products with the small k x k and k x D matrices as elementwise sums (see :func:`inner`).
     coefficients = pt.sum(vectors * (pt.exp(-t * eigenvalues) * first), axis=1)
@@ -206,7 +209,7 @@ def lanczos_expm(
     estimate = last_beta * pt.abs(inner(vectors[count - 1], phi * first))
     # Rounding alone leaves errors of some eps: a tolerance below that is met at 100 eps.
     accepted = pt.or_(converged, estimate <= max(u, 100 * np.finfo(dtype).eps))
-    result = pt.switch(accepted, result, np.nan)
+    result = pt.switch(pt.and_(accepted, finite), result, np.nan)
     return result, count
 
 
@@ -425,6 +428,10 @@ def _lanczos_expm(g, mean, columns, gain, shift, t, v, u, max_products):
     tridiagonal = np.diag(alphas[:count])
     for i in range(count - 1):
         tridiagonal[i, i + 1] = tridiagonal[i + 1, i] = couplings[i]
+    if not np.all(np.isfinite(tridiagonal)):
+        # A diverged state (non-finite momentum or gradients): numba's eigh would raise on
+        # it; NaN is what the divergence check flags.
+        return np.full(dim, np.nan, dtype=v.dtype), np.asarray(count)
     eigenvalues, vectors = np.linalg.eigh(tridiagonal)
     first = vectors[0]
     result = np.zeros(dim, dtype=v.dtype)

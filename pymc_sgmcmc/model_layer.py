@@ -831,6 +831,22 @@ class SGModel:
 SHRINKAGE_TARGETS = ("identity", "diagonal")
 
 
+def on_finite(decompose, matrix: Variable):
+    """``decompose(matrix)`` (one output or a tuple), NaN wherever ``matrix`` -- a covariance
+    or Gram matrix of the noise estimate, from which ``decompose`` builds the matrix it
+    factorises -- has a non-finite entry. A diverged state must come out of a block as NaN,
+    which the divergence check flags; but numba's LAPACK wrappers raise on a non-finite
+    matrix (``LinAlgError``), and the Pade ``expm`` computes an integer power of 2 from the
+    norm (``OverflowError``): a step size far beyond the stability limit crashed
+    ``pm.sample`` instead. The identity stands in for such a matrix: every decomposition
+    here accepts what is built from it."""
+    finite = pt.all(pt.isfinite(matrix))
+    result = decompose(pt.switch(finite, matrix, pt.eye(matrix.shape[0], dtype=matrix.dtype)))
+    if isinstance(result, Variable):
+        return pt.switch(finite, result, np.nan)
+    return tuple(pt.switch(finite, r, np.nan) for r in result)
+
+
 class Covariance:
     """A symmetric positive semi-definite D x D operator: the minibatch-force covariance in one
     of three forms (low-rank from the per-observation gradients, dense, diagonal)."""
@@ -867,8 +883,11 @@ class Covariance:
     def solve_shifted(self, alpha, b, v: Variable) -> Variable:
         """(alpha I + b Sigma)^{-1} v for alpha > 0, b >= 0 (NOGIN's damping solve); alpha
         may also be a vector of D positive entries, for diag(alpha) + b Sigma."""
-        return pt.linalg.solve(
-            alpha * pt.eye(self.dim) + b * self.dense(), v, assume_a="pos", check_finite=False
+        return on_finite(
+            lambda sigma: pt.linalg.solve(
+                alpha * pt.eye(self.dim) + b * sigma, v, assume_a="pos", check_finite=False
+            ),
+            self.dense(),
         )
 
     def solve_shifted_cg(
@@ -961,14 +980,16 @@ class DenseCovariance(Covariance):
     def expm(self, scale) -> Variable:
         """exp(scale Sigma) as a D x D matrix (Pade approximation with scaling and squaring,
         O(D^3))."""
-        return pt.linalg.expm(scale * self.matrix)
+        return on_finite(lambda sigma: pt.linalg.expm(scale * sigma), self.matrix)
 
     def inverse_shifted(self, alpha, b) -> Variable:
         """(alpha I + b Sigma)^{-1} as a D x D matrix, alpha > 0, b >= 0 (O(D^3))."""
         # (alpha I + b Sigma)^{-1} = (I + (b / alpha) Sigma)^{-1} / alpha: an alpha * I, which
         # depends on nothing inside a lazy branch, would be computed outside it at every step.
         eye = pt.eye(self.dim, dtype=self.matrix.dtype)
-        return pt.linalg.inv((b / alpha) * self.matrix + eye) / alpha
+        return (
+            on_finite(lambda sigma: pt.linalg.inv((b / alpha) * sigma + eye), self.matrix) / alpha
+        )
 
 
 class DiagonalCovariance(Covariance):
@@ -1128,8 +1149,17 @@ class NoiseCovariance(Covariance):
         root = pt.sqrt(alpha)
         w = self.centred / root
         u = v / root
-        small = pt.eye(self.n_rows) / (b * self.scale) + w @ w.T
-        inner = pt.linalg.solve(small, w @ u, assume_a="pos", check_finite=False)
+        # b = 0 (full shrinkage) makes the diagonal infinite, legitimately: only the data's
+        # Gram matrix is checked.
+        inner = on_finite(
+            lambda gram: pt.linalg.solve(
+                pt.eye(self.n_rows) / (b * self.scale) + gram,
+                w @ u,
+                assume_a="pos",
+                check_finite=False,
+            ),
+            w @ w.T,
+        )
         return (u - w.T @ inner) / root
 
     def sqrt_shifted_matvec(self, a, b, v: Variable) -> tuple[Variable, Variable]:
@@ -1145,12 +1175,12 @@ class NoiseCovariance(Covariance):
         if self.is_zero:
             return pt.sqrt(a) * v, pt.as_tensor(a).astype("float64")
         if self.dim <= self.n_rows:
-            eigvals, eigvecs = pt.linalg.eigh(self.dense())
+            eigvals, eigvecs = on_finite(pt.linalg.eigh, self.dense())
             shifted = a - b * eigvals
             root = eigvecs @ (pt.sqrt(pt.maximum(shifted, 0.0)) * (eigvecs.T @ v))
             return root, pt.min(shifted)
         centred = self.centred
-        s2, u = pt.linalg.eigh(centred @ centred.T)
+        s2, u = on_finite(pt.linalg.eigh, centred @ centred.T)
         s2 = pt.maximum(s2, 0.0)
         nonzero = s2 > 1e-12 * pt.max(s2) + 1e-300
         w = (centred.T @ u) * pt.switch(nonzero, 1.0 / pt.sqrt(pt.switch(nonzero, s2, 1.0)), 0.0)

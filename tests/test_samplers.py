@@ -400,6 +400,33 @@ def test_divergence_is_flagged_and_never_returned_as_nan():
 
 
 @pytest.mark.parametrize(
+    "factory",
+    [
+        lambda: MCCAdL(step_size=1.0),
+        lambda: MCCAdL(step_size=1.0, covariance="full"),
+        lambda: MCCAdL(step_size=1.0, averaging=0.1, averaging_interval=10),
+        lambda: CCAdL(step_size=1.0, covariance="full"),
+        lambda: SGHMC(step_size=1.0, gradient_noise="estimate"),
+    ],
+    ids=["mccadl-lowrank", "mccadl-full", "mccadl-periodic-average", "ccadl-full", "sghmc-B"],
+)
+def test_diverging_linear_algebra_is_flagged_not_raised(factory):
+    # h = 1 against a largest curvature of ~500: the state overflows within a few steps, and
+    # non-finite matrices reach the Lanczos, expm and eigen-decompositions of the noise
+    # estimate. numba's LAPACK wrappers raise on them and the Pade expm overflows an integer
+    # power: mCCAdL's low-rank C step (LinAlgError) and its periodic average (OverflowError)
+    # crashed pm.sample before those matrices were checked (model_layer.on_finite).
+    with small_problem().model():
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)
+            idata = pm.sample(
+                draws=100, tune=0, step=factory(), chains=1, random_seed=1, **SAMPLE_KWARGS
+            )
+    assert idata.sample_stats["diverging"].values.mean() > 0.3
+    assert np.isfinite(idata.posterior["w"].values).all()
+
+
+@pytest.mark.parametrize(
     "step_size, warned",
     [(2e-2, True), (1e-4, False), (PolynomialDecay(a=0.2, b=1e4), False)],
     ids=["beyond", "within", "schedule-within"],
