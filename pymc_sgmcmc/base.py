@@ -80,6 +80,11 @@ from pymc_sgmcmc.runaway import (
 __all__ = ["SGMCMC", "SGMCMCState", "Step", "Thermostatted", "positive"]
 
 
+#: The phases of :meth:`SGMCMC.adapted_step_size` whose kernel the stored draws keep (after
+#: tuning, or from the start without windows): they meet the strict noise tolerance.
+KEPT_PHASES = ("final", "start_kept")
+
+
 class Step(NamedTuple):
     """What one integrator step returns (all PyTensor graphs)."""
 
@@ -493,7 +498,7 @@ class SGMCMC(ArrayStepShared):
             h = min(h, 0.5 / np.sqrt(noise))
         if phase == "transient":
             return h
-        strict = phase in ("final", "start_kept")
+        strict = phase in KEPT_PHASES
         tolerance = self.noise_tolerance if strict else max(self.noise_tolerance, 1.0)
         return min(h, 2.0 * self.friction * tolerance / noise)
 
@@ -985,7 +990,7 @@ class SGMCMC(ArrayStepShared):
         be on their way."""
         if not drifting.any():
             return
-        served = getattr(self, "_served", None)
+        served = self._served
         model = self.sg_model.model
         rv_names = {v.name: model.values_to_rvs[v].name for v in model.value_vars}
         names, start = [], 0

@@ -86,9 +86,8 @@ class _BatchProcess(ps._Process):
         point = {name: np.array(values[0]) for name, values in self._point.items()}  # the start
         draw = 0
         while draw < total:
-            runs = []  # (each variable's draws, their stats)
             with _recorded_warnings() as batch_warnings:
-                point, count = self._compute_batch(point, draw, total, capacity, runs)
+                point, runs, count = self._compute_batch(point, draw, total, capacity)
             caught += batch_warnings
 
             msg = self._recv_msg()
@@ -107,10 +106,11 @@ class _BatchProcess(ps._Process):
             caught = []
             draw += count
 
-    def _compute_batch(self, point, draw: int, total: int, capacity: int, runs: list):
-        """Draws from ``draw`` on, appended to ``runs``, for up to :data:`BATCH_SECONDS`
-        and at most ``capacity`` draws; returns the last point and the number of draws."""
-        count, started = 0, time.perf_counter()
+    def _compute_batch(self, point, draw: int, total: int, capacity: int):
+        """Draws from ``draw`` on, for up to :data:`BATCH_SECONDS` and at most ``capacity``
+        draws: the last point, the runs of draws (each variable's draws, their stats) and
+        the number of draws."""
+        runs, count, started = [], 0, time.perf_counter()
         while draw + count < total and count < capacity:
             if draw + count == self._tune:
                 self._step_method.stop_tuning()
@@ -130,7 +130,7 @@ class _BatchProcess(ps._Process):
             count += len(next(iter(points.values())))
             if time.perf_counter() - started >= BATCH_SECONDS:
                 break
-        return point, count
+        return point, runs, count
 
 
 @contextlib.contextmanager

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 import numpy as np
 import pytensor.tensor as pt
 
-from pymc_sgmcmc.base import SGMCMC, positive
+from pymc_sgmcmc.base import KEPT_PHASES, SGMCMC, positive
 
 __all__ = ["SGLD", "PolynomialDecay", "langevin_relaxation_steps", "langevin_step_size"]
 
@@ -25,7 +25,7 @@ def langevin_step_size(sampler: SGMCMC, curvature: float, noise: float, phase: s
     """
     eps = sampler.stability_constant / curvature
     if noise > 0:
-        strict = phase in ("final", "start_kept")
+        strict = phase in KEPT_PHASES
         alpha = sampler.noise_tolerance if strict else max(sampler.noise_tolerance, 1.0)
         eps = min(eps, 4.0 * alpha / noise)
     return eps
