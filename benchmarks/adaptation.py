@@ -7,7 +7,8 @@ step size and thin, and the smallest bulk ESS. The same sampler with a fixed ste
 adaptation (``FIXED``: the step sizes of the README's first example) is shown beside it.
 Writes ``benchmarks/adaptation_results.md``.
 
-Run: ``.venv/bin/python benchmarks/adaptation.py [--quick]``
+Run: ``.venv/bin/python benchmarks/adaptation.py [--quick] [--samplers NAME ...]``
+(``--samplers``: rerun only those samplers and replace their rows in the committed table.)
 """
 
 from __future__ import annotations
@@ -76,9 +77,15 @@ def describe(name, model, step, draws, tune, ref, seed):
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--quick", action="store_true", help="fewer draws, two samplers")
+    parser.add_argument(
+        "--samplers", nargs="+", choices=list(SAMPLERS), help="rerun only these; keep other rows"
+    )
     args = parser.parse_args()
     draws, tune = (500, 500) if args.quick else (3000, 1000)
-    samplers = {k: SAMPLERS[k] for k in ("SGNHT", "NOGIN")} if args.quick else SAMPLERS
+    names = ("SGNHT", "NOGIN") if args.quick else (args.samplers or list(SAMPLERS))
+    samplers = {k: SAMPLERS[k] for k in names}
+    out = HERE / "adaptation_results.md"
+    kept = _table_rows(out) if args.samplers else {}
     lines = [
         "# Warm-up adaptation: defaults on models of very different scale",
         "",
@@ -114,10 +121,34 @@ def main() -> None:
                 f"{fixed['var']:.3g} | {fixed['div']} |"
             )
             print(row, flush=True)
-            lines.append(row)
-    out = HERE / "adaptation_results.md"
+            kept[model_name, name] = row
+    if args.samplers:
+        lines = out.read_text().splitlines()
+        lines = [kept.get(_row_key(line), line) for line in lines]
+        lines.append(
+            f"\nRows of {', '.join(args.samplers)} rerun on {time.strftime('%Y-%m-%d %H:%M')} "
+            "(`--samplers`); the other rows are from the run above."
+        )
+    else:
+        lines += [kept[m, s] for m in MODELS for s in samplers]
     out.write_text("\n".join(lines) + "\n")
     print(f"wrote {out}")
+
+
+def _row_key(line: str) -> tuple[str, str] | None:
+    """(model, sampler) of a table row of the results file, else None."""
+    cells = [c.strip() for c in line.strip().strip("|").split("|")]
+    return (cells[0], cells[1]) if line.startswith("| ") and len(cells) > 2 else None
+
+
+def _table_rows(path: Path) -> dict[tuple[str, str], str]:
+    """The committed table's rows by (model, sampler)."""
+    rows = {}
+    for line in path.read_text().splitlines():
+        key = _row_key(line)
+        if key and key[0] in MODELS:
+            rows[key] = line
+    return rows
 
 
 if __name__ == "__main__":

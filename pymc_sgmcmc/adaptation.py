@@ -55,9 +55,10 @@ def adaptation_boundaries(tune: int) -> list[tuple[int, bool]]:
 #: 0.6 in the shortest window (25 draws), 0.13 in the last one of tune=1000. A chain still
 #: travelling trips it once it moves by about 3.3 of its own spreads over the window (a linear
 #: drift Delta against a noise sd sigma scores (Delta/2) / sqrt(sigma^2 + Delta^2/48)), where
-#: the drift would inflate the window's variance about 1.9-fold (SGNHT from about 150
-#: posterior sd away with tune=100, ``tests/test_adaptation.py``, trips it in every
-#: coordinate; its scales came out 15-25 times too large without it). Only that storage gives the
+#: the drift would inflate the window's variance about 1.9-fold (SGNHT from about 180
+#: posterior sd away with tune=20, ``tests/test_adaptation.py``, trips it in every
+#: coordinate; with tune=100, before the transient held its thermostat, its scales came out
+#: 15-25 times too large without the check). Only that storage gives the
 #: statistic its calibration: with a user's ``step_size`` or ``thin`` the draws may be
 #: correlated over many windows (``thin=1`` at a small step), and the check is not made.
 DRIFT_THRESHOLD = 1.5

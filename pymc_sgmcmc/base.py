@@ -576,7 +576,7 @@ class SGMCMC(ArrayStepShared):
         anchor = pt.vector("anchor", shape=(self.dim,))
         anchor_force = pt.vector("anchor_force", shape=(self.dim,))
         # Inputs that change between blocks without recompiling.
-        kernel = [scale, shrinkage, anchor, anchor_force]
+        kernel = [scale, shrinkage, anchor, anchor_force, *self.sampler_kernel_inputs()]
         h0 = pt.scalar("h")
         control = ControlVariate(anchor, anchor_force) if self.control_variates else None
         self.target = ScaledTarget(ml, scale, shrinkage, control)
@@ -813,6 +813,7 @@ class SGMCMC(ArrayStepShared):
         self.shrinkage_due = True
         self.thin = 1 if self.user_thin is None else self.user_thin
         self.tune_drawn = 0
+        self.transient = False  # the initial interval with an adapted step size
         adapting = self.adapt_preconditioner or self.user_step_size is None
         self.boundaries = adaptation_boundaries(tune) if adapting else []
         self.window = self._new_window()
@@ -954,6 +955,7 @@ class SGMCMC(ArrayStepShared):
         coordinates."""
         if self.control_variates:
             self._set_anchor(theta)
+        self.transient = False
         # Draws stored once per relaxation time (adapted step size and thin) calibrate the
         # drift check of a slow window (adaptation.DRIFT_THRESHOLD); a user's choice need not.
         checked = slow_window and self.adapts_step_size and self.user_thin is None
@@ -1026,6 +1028,7 @@ class SGMCMC(ArrayStepShared):
                 diagonal = np.where(usable, diagonal, np.median(diagonal[usable]))
                 self.scale = 1.0 / np.sqrt(diagonal)
         phase = "transient" if self.boundaries else "start_kept"
+        self.transient = phase == "transient"
         self._set_kernel(self._choose_step_size(theta, phase))
 
     def _choose_step_size(self, theta: np.ndarray, phase: str) -> float:
@@ -1048,10 +1051,21 @@ class SGMCMC(ArrayStepShared):
         return self.adapted_step_size(curvature, noise if np.isfinite(noise) else 0.0, phase)
 
     @property
-    def _kernel(self) -> tuple[np.ndarray, float, np.ndarray, np.ndarray]:
+    def _kernel(self) -> tuple:
         """Values of the compiled functions' kernel inputs: preconditioner, noise shrinkage,
-        control-variate anchor and its exact force (zeros, unused, without)."""
-        return self.scale, self.shrinkage, self.anchor, self.anchor_force
+        control-variate anchor and its exact force (zeros, unused, without), then the
+        sampler's own (:meth:`sampler_kernel_values`)."""
+        common = (self.scale, self.shrinkage, self.anchor, self.anchor_force)
+        return (*common, *self.sampler_kernel_values())
+
+    def sampler_kernel_inputs(self) -> list[TensorVariable]:
+        """A sampler's own scalar inputs that change between blocks without recompiling
+        (created while compiling; :meth:`sampler_kernel_values` gives their values)."""
+        return []
+
+    def sampler_kernel_values(self) -> tuple:
+        """Values of :meth:`sampler_kernel_inputs` for the next block."""
+        return ()
 
     @property
     def _geometry_anchor(self) -> np.ndarray | None:
@@ -1320,12 +1334,38 @@ class Thermostatted(SGMCMC):
     """Base of the samplers with momentum and a Nosé-Hoover thermostat (SGNHT, CCAdL, mCCAdL).
 
     At a chain (re)start the momentum is drawn from N(0, I) and xi = A (the papers' xi_0);
-    the thermostat mass defaults to D (the papers' mu)."""
+    the thermostat mass defaults to D (the papers' mu).
+
+    The integrators read the thermostat's rate 1/mu from a kernel input,
+    ``thermostat_rate``. In the initial interval of an adapted warm-up (the
+    ``"transient"`` from the starting point) it is 0 and xi is held at A: the dynamics are
+    Langevin with friction A, as SGHMC's. With the thermostat running, the potential energy
+    released on the way in heats the momentum, xi grows until the kinetic energy is back at
+    D / 2, and the chain then slides at about one posterior sd per unit time, a transit that
+    grows linearly with the starting distance instead of logarithmically. The windows that
+    set the preconditioner and step size, and the draws, run the papers' dynamics, restarted
+    at each window's start."""
 
     friction: float
 
     def _set_thermostat_mass(self, mass: float | None) -> None:
         self.thermostat_mass = positive("thermostat_mass", self.dim if mass is None else mass)
+
+    def sampler_kernel_inputs(self):
+        self.thermostat_rate = pt.scalar("thermostat_rate")
+        return [self.thermostat_rate]
+
+    def _initial_state(self, theta: np.ndarray) -> dict[str, np.ndarray]:
+        state = super()._initial_state(theta)
+        if self.transient:
+            # Not SGNHT's equilibrium start A + h tr(Sigma) / (2D): far out the gradient
+            # noise is large (xi = 4 at 100 sd on a logistic regression with N/n = 200), and a
+            # friction that high would slow the transit as much as the thermostat does.
+            state["thermostat"] = np.asarray(self.friction, dtype=state["thermostat"].dtype)
+        return state
+
+    def sampler_kernel_values(self):
+        return (0.0 if self.transient else 1.0 / self.thermostat_mass,)
 
     def initial_auxiliary(self, rng):
         return {"momentum": rng.standard_normal(self.dim), "thermostat": np.array(self.friction)}

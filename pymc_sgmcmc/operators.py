@@ -64,10 +64,10 @@ def damping(p: TensorVariable, operator: TensorVariable) -> TensorVariable:
     return pt.dot(p, operator) if operator.ndim == 2 else operator * p
 
 
-def thermostat(xi, p: TensorVariable, tau, mass) -> TensorVariable:
-    """D(tau): xi <- xi + (tau / mu) (p^T p - D)."""
+def thermostat(xi, p: TensorVariable, tau, rate) -> TensorVariable:
+    """D(tau): xi <- xi + (tau / mu) (p^T p - D), with ``rate`` = 1 / mu (0 holds xi)."""
     dim = p.shape[0].astype(p.dtype)
-    return xi + (tau / mass) * (inner(p, p) - dim)
+    return xi + (tau * rate) * (inner(p, p) - dim)
 
 
 def kinetic_temperature(p: TensorVariable) -> TensorVariable:

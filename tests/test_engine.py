@@ -378,7 +378,7 @@ def test_covariance_loops_call_blas_with_c_contiguous_operands_only():
     sigma = NoiseCovariance(gradients, dim, rows)
     damped, _ = sigma.expm_matvec(-0.1, v)
     solved = sigma.solve_shifted_cg(1.0, 0.1, v)
-    outputs = [damped, solved, kinetic_temperature(damped), thermostat(1.0, solved, 0.1, dim)]
+    outputs = [damped, solved, kinetic_temperature(damped), thermostat(1.0, solved, 0.1, 1.0 / dim)]
     # No numba cache: every Dot compiles here, where its argument types are recorded.
     with pytensor.config.change_flags(numba__cache=False):
         with event.install_recorder("numba:compile") as recorder:

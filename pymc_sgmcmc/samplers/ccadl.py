@@ -82,7 +82,9 @@ class CCAdL(Thermostatted):
     see :class:`pymc_sgmcmc.base.SGMCMC`); after tuning the kernel is fixed.
     At every chain (re)start, at each adaptation-window end and at the end of tuning, the
     momentum is drawn from :math:`N(0, I)`, :math:`\xi = A`, and the moving average restarts
-    from the estimate at the current position. The paper's Proposition 2: the dynamics preserve
+    from the estimate at the current position. In the initial interval of an adapted warm-up
+    :math:`\xi` is held at A (see :class:`~pymc_sgmcmc.base.Thermostatted`). The paper's
+    Proposition 2: the dynamics preserve
     a distribution whose thermostat has mean A and whose kinetic temperature is 1.
 
     Sampler stats
@@ -165,7 +167,7 @@ class CCAdL(Thermostatted):
         return average @ p if self.covariance == "full" else average * p
 
     def integrate(self, state, indices, noise, h):
-        p, xi, mu, a = state["momentum"], state["thermostat"], self.thermostat_mass, self.friction
+        p, xi, rate, a = state["momentum"], state["thermostat"], self.thermostat_rate, self.friction
         p_new = (
             p
             + h * state["force"]
@@ -173,7 +175,7 @@ class CCAdL(Thermostatted):
             - h * xi * p
             + pt.sqrt(2.0 * a * h) * noise[0]
         )
-        xi = thermostat(xi, p_new, h, mu)
+        xi = thermostat(xi, p_new, h, rate)
         theta = drift(state["theta"], p_new, h)
         evaluated = self.evaluate(theta, indices, noise, h)
         count = state["count"] + 1.0

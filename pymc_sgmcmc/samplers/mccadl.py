@@ -148,7 +148,9 @@ class MCCAdL(Thermostatted):
     ``tune`` draws adapt the kernel (step size if not given, diagonal preconditioner, thin;
     see :class:`pymc_sgmcmc.base.SGMCMC`); after tuning the kernel is fixed.
     Momentum :math:`N(0, I)` and :math:`\xi = A` at every chain (re)start and at the end of
-    tuning. The C step costs ``expm_products`` covariance-vector products, each about a third
+    tuning; in the initial interval of an adapted warm-up :math:`\xi` is held at A (see
+    :class:`~pymc_sgmcmc.base.Thermostatted`). The C step costs ``expm_products``
+    covariance-vector products, each about a third
     of an SGLD step at D = 100, n = 500 (one pass over the per-observation gradients,
     :class:`~pymc_sgmcmc.gram_product.CentredGramProduct`; the Lanczos process around them runs
     in one kernel, :class:`~pymc_sgmcmc.krylov.LowRankExpm`), and the per-observation
@@ -251,7 +253,7 @@ class MCCAdL(Thermostatted):
         return {}  # the force is evaluated at the top of each iteration
 
     def integrate(self, state, indices, noise, h, noise_indices=None):
-        mu, a, half = self.thermostat_mass, self.friction, h / 2.0
+        rate, a, half = self.thermostat_rate, self.friction, h / 2.0
         theta, xi = state["theta"], state["thermostat"]
         exp_damping = None  # exp(-h^2 Sigma / 2), made at each update of a periodic average
         if self.averages_periodically:
@@ -272,14 +274,14 @@ class MCCAdL(Thermostatted):
         p = kick(p_draw, force, half)  # B(h/2), the same force
         theta_new = drift(theta, p, half)  # A(h/2)
         p = ornstein_uhlenbeck(p, xi, a, half, noise[0])  # O(h/2) with the old xi
-        xi_new = thermostat(xi, p, half, mu)  # D(h/2)
+        xi_new = thermostat(xi, p, half, rate)  # D(h/2)
         if exp_damping is None:
             p, products = sigma.expm_matvec(  # C(h); JAX: a fixed count unless low-rank
                 -(h**2) / 2.0, p, self.expm_tolerance, self.expm_max_products, self.static_shapes
             )
         else:
             p, products = damping(p, exp_damping), pt.constant(0, dtype="int64")  # C(h)
-        xi_new = thermostat(xi_new, p, half, mu)  # D(h/2)
+        xi_new = thermostat(xi_new, p, half, rate)  # D(h/2)
         p = ornstein_uhlenbeck(p, xi_new, a, half, noise[1])  # O(h/2) with the new xi
         theta_new = drift(theta_new, p, half)  # A(h/2)
 

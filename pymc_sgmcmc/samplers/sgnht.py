@@ -50,7 +50,9 @@ class SGNHT(Thermostatted):
     At every chain (re)start, at each adaptation boundary and at the end of tuning, the
     momentum is drawn from :math:`N(0, I)` and :math:`\xi` starts at its equilibrium under
     isotropic noise, :math:`A + h\,\mathrm{tr}\Sigma/(2D)`, with :math:`\Sigma` from one
-    minibatch at the current position.
+    minibatch at the current position. In the initial interval of an adapted warm-up
+    :math:`\xi` is held at A instead, so that a far start is reached quickly (see
+    :class:`~pymc_sgmcmc.base.Thermostatted`).
 
     Sampler stats
     -------------
@@ -126,9 +128,9 @@ class SGNHT(Thermostatted):
     def _euler(self, state, indices, noise, h):
         # Ding et al. regrouped so that the force of a stored draw is evaluated at it:
         # p(F at theta), xi(new p), then theta(new p) and its force.
-        p, xi, mu, a = state["momentum"], state["thermostat"], self.thermostat_mass, self.friction
+        p, xi, rate, a = state["momentum"], state["thermostat"], self.thermostat_rate, self.friction
         p_new = p + h * state["force"] - h * xi * p + pt.sqrt(2.0 * a * h) * noise
-        xi = thermostat(xi, p_new, h, mu)
+        xi = thermostat(xi, p_new, h, rate)
         theta = drift(state["theta"], p_new, h)
         return {
             "theta": theta,
@@ -138,12 +140,12 @@ class SGNHT(Thermostatted):
         }
 
     def _badodab(self, state, indices, noise, h):
-        mu, a, half = self.thermostat_mass, self.friction, 0.5 * h
+        rate, a, half = self.thermostat_rate, self.friction, 0.5 * h
         p = kick(state["momentum"], state["force"], half)  # B(h/2), force shared with last step
         theta = drift(state["theta"], p, half)  # A(h/2)
-        xi = thermostat(state["thermostat"], p, half, mu)  # D(h/2)
+        xi = thermostat(state["thermostat"], p, half, rate)  # D(h/2)
         p = ornstein_uhlenbeck(p, xi, a, h, noise)  # O(h)
-        xi = thermostat(xi, p, half, mu)  # D(h/2)
+        xi = thermostat(xi, p, half, rate)  # D(h/2)
         theta = drift(theta, p, half)  # A(h/2)
         evaluated = self.evaluate(theta, indices, noise, h)
         p = kick(p, evaluated["force"], half)  # B(h/2)
