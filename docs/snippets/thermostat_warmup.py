@@ -5,7 +5,8 @@ A = 1, mu = D: at the fixed step sizes h = 1e-3 and h = 5e-3 (half the stability
 1/sqrt(curvature)) without a preconditioner, 200 tuning draws; and with the defaults (step
 size, preconditioner and thin adapted during pm.sample's default 1,000 tuning draws). The
 thermostat starts at its equilibrium estimate A + h tr(Sigma) / (2D) at the chain start, at
-each adaptation-window end and at the end of tuning. Prints tr(Sigma) / D (measured by
+each adaptation-window end and at the end of tuning (with an adapted step size it is held at A
+in the initial interval instead). Prints tr(Sigma) / D (measured by
 mSGLD's noise_trace stat near the posterior), the thermostat and kinetic temperature along
 each SGNHT run, and the posterior standard deviations against the least-squares standard
 errors (for sigma: its asymptotic sd sigma_hat / sqrt(2N)).
