@@ -1355,6 +1355,9 @@ class Thermostatted(SGMCMC):
         self.thermostat_rate = pt.scalar("thermostat_rate")
         return [self.thermostat_rate]
 
+    def sampler_kernel_values(self):
+        return (0.0 if self.transient else 1.0 / self.thermostat_mass,)
+
     def _initial_state(self, theta: np.ndarray) -> dict[str, np.ndarray]:
         state = super()._initial_state(theta)
         if self.transient:
@@ -1363,9 +1366,6 @@ class Thermostatted(SGMCMC):
             # friction that high would slow the transit as much as the thermostat does.
             state["thermostat"] = np.asarray(self.friction, dtype=state["thermostat"].dtype)
         return state
-
-    def sampler_kernel_values(self):
-        return (0.0 if self.transient else 1.0 / self.thermostat_mass,)
 
     def initial_auxiliary(self, rng):
         return {"momentum": rng.standard_normal(self.dim), "thermostat": np.array(self.friction)}
