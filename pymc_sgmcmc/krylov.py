@@ -89,6 +89,22 @@ def inner(x: Variable, y: Variable) -> Variable:
     return pt.sum(x * y)
 
 
+def on_finite(decompose, matrix: Variable):
+    """``decompose(matrix)`` (one output or a tuple), NaN wherever ``matrix`` -- a covariance
+    or Gram matrix of the noise estimate, or a Lanczos tridiagonal matrix, from which
+    ``decompose`` builds the matrix it factorises -- has a non-finite entry. A diverged
+    state must come out of a block as NaN, which the divergence check flags; but numba's
+    LAPACK wrappers raise on a non-finite matrix (``LinAlgError``), and the Pade ``expm``
+    computes an integer power of 2 from the norm (``OverflowError``): a step size far beyond
+    the stability limit crashed ``pm.sample`` instead. The identity stands in for such a
+    matrix: every decomposition here accepts what is built from it."""
+    finite = pt.all(pt.isfinite(matrix))
+    result = decompose(pt.switch(finite, matrix, pt.eye(matrix.shape[0], dtype=matrix.dtype)))
+    if isinstance(result, Variable):
+        return pt.switch(finite, result, np.nan)
+    return tuple(pt.switch(finite, r, np.nan) for r in result)
+
+
 def lanczos_expm(
     matvec: Callable[[Variable], Variable],
     scale,
@@ -193,10 +209,7 @@ def lanczos_expm(
     last_beta, count, converged = outputs[5][-1], outputs[8][-1], outputs[9][-1]
     off = couplings[:-1]
     tridiagonal = pt.diag(alphas) + pt.diag(off, 1) + pt.diag(off, -1)
-    # A diverged state's non-finite T comes out as NaN (see model_layer.on_finite).
-    finite = pt.all(pt.isfinite(tridiagonal))
-    stand_in = pt.eye(tridiagonal.shape[0], dtype=dtype)  # T is k x k: k the products run
-    eigenvalues, vectors = pt.linalg.eigh(pt.switch(finite, tridiagonal, stand_in))
+    eigenvalues, vectors = on_finite(pt.linalg.eigh, tridiagonal)  # NaN from a diverged state
     first = vectors[0]
     # Products with the small k x k and k x D matrices as elementwise sums (see :func:`inner`).
     coefficients = pt.sum(vectors * (pt.exp(-t * eigenvalues) * first), axis=1)
@@ -209,7 +222,7 @@ def lanczos_expm(
     estimate = last_beta * pt.abs(inner(vectors[count - 1], phi * first))
     # Rounding alone leaves errors of some eps: a tolerance below that is met at 100 eps.
     accepted = pt.or_(converged, estimate <= max(u, 100 * np.finfo(dtype).eps))
-    result = pt.switch(pt.and_(accepted, finite), result, np.nan)
+    result = pt.switch(accepted, result, np.nan)
     return result, count
 
 

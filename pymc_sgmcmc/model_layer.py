@@ -49,6 +49,7 @@ from pymc_sgmcmc.krylov import (
     LowRankShiftedSolve,
     conjugate_gradients,
     lanczos_expm,
+    on_finite,
     reads_single_precision_rows,
 )
 from pymc_sgmcmc.numba_compile import deterministic_fastmath
@@ -829,22 +830,6 @@ class SGModel:
 
 #: The targets a noise-covariance estimate can be shrunk towards (:class:`ShrunkCovariance`).
 SHRINKAGE_TARGETS = ("identity", "diagonal")
-
-
-def on_finite(decompose, matrix: Variable):
-    """``decompose(matrix)`` (one output or a tuple), NaN wherever ``matrix`` -- a covariance
-    or Gram matrix of the noise estimate, from which ``decompose`` builds the matrix it
-    factorises -- has a non-finite entry. A diverged state must come out of a block as NaN,
-    which the divergence check flags; but numba's LAPACK wrappers raise on a non-finite
-    matrix (``LinAlgError``), and the Pade ``expm`` computes an integer power of 2 from the
-    norm (``OverflowError``): a step size far beyond the stability limit crashed
-    ``pm.sample`` instead. The identity stands in for such a matrix: every decomposition
-    here accepts what is built from it."""
-    finite = pt.all(pt.isfinite(matrix))
-    result = decompose(pt.switch(finite, matrix, pt.eye(matrix.shape[0], dtype=matrix.dtype)))
-    if isinstance(result, Variable):
-        return pt.switch(finite, result, np.nan)
-    return tuple(pt.switch(finite, r, np.nan) for r in result)
 
 
 class Covariance:

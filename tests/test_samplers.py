@@ -415,7 +415,7 @@ def test_diverging_linear_algebra_is_flagged_not_raised(factory):
     # non-finite matrices reach the Lanczos, expm and eigen-decompositions of the noise
     # estimate. numba's LAPACK wrappers raise on them and the Pade expm overflows an integer
     # power: mCCAdL's low-rank C step (LinAlgError) and its periodic average (OverflowError)
-    # crashed pm.sample before those matrices were checked (model_layer.on_finite).
+    # crashed pm.sample before those matrices were checked (krylov.on_finite).
     with small_problem().model():
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", RuntimeWarning)
