@@ -25,7 +25,6 @@ rows need the ``bench`` extra, which the target installs).
 from __future__ import annotations
 
 import json
-import subprocess
 import sys
 import tempfile
 import warnings
@@ -42,7 +41,7 @@ import suite  # noqa: E402
 from compile_caches import compile_cache_env  # noqa: E402
 from engine import cores_table  # noqa: E402
 from problems import make_problem, reference  # noqa: E402
-from report import header, load_average  # noqa: E402
+from report import child_result, header, load_average  # noqa: E402
 
 #: ``suite.py``'s command line for section 1.
 SUITE_ARGUMENTS = "--problems P1 P3 --samplers SGLD SGNHT --baselines numpy blackjax --cold none"
@@ -150,14 +149,7 @@ def first_draw(lines: list[str]) -> list[Target]:
 def p4_run(sampler: str, compiledir: str) -> dict:
     """``control_variates.run`` on P4 in a fresh process whose compile caches are in
     ``compiledir``."""
-    out = subprocess.run(
-        [sys.executable, __file__, "--p4-child", sampler],
-        env=compile_cache_env(compiledir),
-        capture_output=True,
-        text=True,
-        check=True,
-    )
-    return json.loads(out.stdout.strip().splitlines()[-1])
+    return child_result([__file__, "--p4-child", sampler], env=compile_cache_env(compiledir))
 
 
 def p4_against_nuts(lines: list[str]) -> list[Target]:
@@ -214,10 +206,7 @@ def p4_against_nuts(lines: list[str]) -> list[Target]:
 def parallel_chains(lines: list[str]) -> list[Target]:
     """Section 5: two chains on two cores against one chain on one, in a fresh process (as a
     user's script starts: ``pm.sample`` forks its workers from it)."""
-    out = subprocess.run(
-        [sys.executable, __file__, "--cores-child"], capture_output=True, text=True, check=True
-    )
-    child = json.loads(out.stdout.strip().splitlines()[-1])
+    child = child_result([__file__, "--cores-child"])
     lines += [
         "## 5. `cores=2` (two chains) against `cores=1` (one chain), SGLD on P1",
         "",

@@ -3,12 +3,23 @@
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import platform
+import subprocess
+import sys
 from datetime import UTC, datetime
 from pathlib import Path
 
-__all__ = ["header", "load_average", "machine", "output_path", "versions", "write"]
+__all__ = [
+    "child_result",
+    "header",
+    "load_average",
+    "machine",
+    "output_path",
+    "versions",
+    "write",
+]
 
 
 def machine() -> dict[str, str]:
@@ -65,3 +76,18 @@ def write(lines: list[str], output: Path | None) -> None:
     print(text)
     if output is not None:
         output.write_text(text)
+
+
+def child_result(arguments: list[str], env: dict[str, str] | None = None):
+    """Run ``python ARGUMENTS`` in a fresh process and return the JSON its stdout ends with.
+    A failed child's stderr is raised with it: a measurement that fails once in several runs
+    must say why, not only its exit status."""
+    out = subprocess.run(
+        [sys.executable, *arguments], env=env, capture_output=True, text=True, check=False
+    )
+    if out.returncode != 0:
+        raise RuntimeError(
+            f"{' '.join(arguments)} exited with status {out.returncode}; its stderr ended:\n"
+            + out.stderr[-4000:]
+        )
+    return json.loads(out.stdout.strip().splitlines()[-1])

@@ -17,7 +17,6 @@ from __future__ import annotations
 import json
 import os
 import platform
-import subprocess
 import sys
 import tempfile
 import time
@@ -25,6 +24,7 @@ from pathlib import Path
 
 import numpy as np
 from compile_caches import compile_cache_env
+from report import child_result
 
 HERE = Path(__file__).parent
 N, D, BATCH, PRIOR_VAR, EPS = 10_000, 100, 500, 10.0, 1e-4
@@ -104,14 +104,7 @@ def time_to_first_draw(name: str) -> float:
 
 
 def first_draw_in_subprocess(name: str, env: dict) -> float:
-    out = subprocess.run(
-        [sys.executable, __file__, "--first-draw", name],
-        env=env,
-        capture_output=True,
-        text=True,
-        check=True,
-    )
-    return json.loads(out.stdout.strip().splitlines()[-1])["seconds"]
+    return child_result([__file__, "--first-draw", name], env=env)["seconds"]
 
 
 def versions() -> str:

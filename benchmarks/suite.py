@@ -46,7 +46,6 @@ import argparse
 import json
 import logging
 import os
-import subprocess
 import sys
 import tempfile
 import time
@@ -65,7 +64,7 @@ sys.path.insert(0, str(HERE))
 
 from compile_caches import compile_cache_env  # noqa: E402
 from problems import PROBLEMS, Problem, Reference, make_problem, reference  # noqa: E402
-from report import load_average, machine, versions  # noqa: E402
+from report import child_result, load_average, machine, versions  # noqa: E402
 
 SAMPLERS = ("SGLD", "mSGLD", "SGHMC", "SGNHT", "CCAdL", "mCCAdL", "NOGIN")
 #: Options beyond the papers, run only when named in ``--samplers``: the moving average of
@@ -349,15 +348,8 @@ def first_draw_subprocess(
 ) -> float:
     """Time to first draw in a fresh process whose compile caches are in ``compiledir``
     (:func:`compile_caches.compile_cache_env`)."""
-    env = compile_cache_env(compiledir)
-    out = subprocess.run(
-        [sys.executable, __file__, "--first-draw", key, name, str(s.lam), str(s.noise), dtype],
-        env=env,
-        capture_output=True,
-        text=True,
-        check=True,
-    )
-    return float(json.loads(out.stdout.strip().splitlines()[-1])["seconds"])
+    arguments = [__file__, "--first-draw", key, name, str(s.lam), str(s.noise), dtype]
+    return float(child_result(arguments, env=compile_cache_env(compiledir))["seconds"])
 
 
 def compile_times(key: str, name: str, s: Settings, dtype: str) -> tuple[float, float]:
