@@ -49,7 +49,7 @@ from pytensor.tensor.variable import TensorVariable
 from rich.progress import TextColumn
 from rich.table import Column
 
-from pymc_sgmcmc.adaptation import DRIFT_THRESHOLD, WindowVariance, adaptation_boundaries
+from pymc_sgmcmc.adaptation import WindowVariance, adaptation_boundaries
 from pymc_sgmcmc.gather_dot import with_gather_dot
 from pymc_sgmcmc.gram_product import with_covariance_kernels
 from pymc_sgmcmc.jax_compile import DeviceData, for_jax
@@ -960,8 +960,8 @@ class SGMCMC(ArrayStepShared):
         # drift check of a slow window (adaptation.DRIFT_THRESHOLD); a user's choice need not.
         checked = slow_window and self.adapts_step_size and self.user_thin is None
         drifting = self.window.drifting() if checked else np.zeros(self.dim, dtype=bool)
-        if slow_window and not self.boundaries:
-            self._warn_if_drifting(drifting)
+        if checked and not self.boundaries:
+            self._warn_if_drifting()
         if slow_window and self.adapt_preconditioner:
             scale = self.window.standard_deviations(self.scale, keep=drifting)
             # With an adapted step size the coordinates are theta / sd, in which a friction
@@ -986,12 +986,16 @@ class SGMCMC(ArrayStepShared):
         length = self.boundaries[0][0] - self.tune_drawn if self.boundaries else 0
         return WindowVariance(self.dim, length)
 
-    def _warn_if_drifting(self, drifting: np.ndarray) -> None:
+    def _warn_if_drifting(self) -> None:
         """Warn when the last slow window's draws were still travelling: the kernel kept for
         the draws is then chosen on the way to the posterior, and the first draws may still
-        be on their way."""
+        be on their way. The level is one that a chain sampling over the window exceeds in
+        any coordinate in about ``adaptation.DRIFT_WARNING_FALSE_ALARMS`` (1 %) of runs,
+        whatever the window's length and the model's dimension."""
+        drifting = self.window.drift_warning()
         if not drifting.any():
             return
+        threshold = self.window.drift_warning_threshold()
         served = self._served
         model = self.sg_model.model
         rv_names = {v.name: model.values_to_rvs[v].name for v in model.value_vars}
@@ -1004,7 +1008,7 @@ class SGMCMC(ArrayStepShared):
         warnings.warn(
             f"{type(self).__name__}: the chain was still drifting at the end of tuning: "
             f"{int(drifting.sum())} of {self.dim} coordinates{where} moved by more than "
-            f"{DRIFT_THRESHOLD} of their spreads between the two halves of the last "
+            f"{threshold:.2g} of their spreads between the two halves of the last "
             "adaptation window. The step size and preconditioner were chosen on the way to "
             "the posterior and the first draws may still be travelling: increase tune or "
             "start nearer the posterior (initvals).",

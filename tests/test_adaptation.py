@@ -19,6 +19,7 @@ from adaptation_models import MODELS, WideGaussian, errors, moments_of, referenc
 from pymc_sgmcmc import MSGLD, NOGIN, SGHMC, SGLD, SGNHT, CCAdL, MCCAdL
 from pymc_sgmcmc.adaptation import (
     DRIFT_THRESHOLD,
+    DRIFT_WARNING_FALSE_ALARMS,
     PRIOR_DRAWS,
     WindowVariance,
     adaptation_boundaries,
@@ -96,6 +97,29 @@ def test_window_halves_give_the_whole_windows_variance_and_spot_a_travelling_cha
     np.testing.assert_array_equal(scale[drifting], previous[drifting])
     np.testing.assert_allclose(np.median(scale[1000:]), 1.0, rtol=0.1)
     assert DRIFT_THRESHOLD == 1.5
+    # 100 draws are enough for the warning's level to be 1.5 at D = 2000 too: it sees them.
+    assert window.drift_warning_threshold() == DRIFT_THRESHOLD
+    assert window.drift_warning()[:1000].mean() > 0.95
+
+
+@pytest.mark.parametrize("draws, dim", [(15, 3), (25, 20), (50, 100)])
+def test_the_drift_warning_fires_for_a_sampling_chain_about_once_in_a_hundred(draws, dim):
+    # A chain sampling over its last window (tau = 2.16, as the adapted thin stores it). At
+    # the per-coordinate level 1.5 alone, 15 draws of 3 coordinates warned in 19 % of
+    # chains, 25 of 20 in 32 % and 50 draws of 100 (tune=200's last window) in 7 %. The
+    # warning's level keeps the rate at DRIFT_WARNING_FALSE_ALARMS = 1 % whatever the length
+    # and dimension (measured over 4,000 windows each: 0.98, 1.08 and 1.00 %): 1,000
+    # windows give 10 +- 3.2 warnings; at most 25 (Poisson tail 1e-4 at a true 1 %; the
+    # level 1.5 alone gives 191, 324 and 72 here).
+    rng = np.random.default_rng(2)
+    warned = 0
+    for _ in range(1000):
+        window = WindowVariance(dim, draws)
+        for row in ar1_draws(rng, draws, dim):
+            window.add(row)
+        warned += bool(window.drift_warning().any())
+    assert warned <= 25, warned
+    assert DRIFT_WARNING_FALSE_ALARMS == 0.01
 
 
 def drifting_warnings(record) -> list[str]:
@@ -129,7 +153,8 @@ def test_a_chain_still_travelling_at_the_end_of_tuning_is_reported():
     # its thermostat heats up on the way in and the chain is still travelling in the window
     # (from about 20 sd to 3). The user is told, with the variable's name. From the
     # posterior mean with tune=100, not (no warning in 10 of 10 seeds; with tune=20 the
-    # 15-draw window is too short for the check to stay quiet: 5 of 10 seeds warned).
+    # 15-draw window is too short for the check to stay quiet: 3 of 20 seeds warned, 5 of
+    # 10 before the warning had a level of its own).
     cases = ((np.array([3.0, 3.0]), 20, 1), (np.array([0.5, -1.0]), 100, 0))
     for start, tune, expected in cases:
         _, _, messages = far_start_regression(start, tune, SGNHT)
