@@ -83,6 +83,13 @@ __all__ = ["SGMCMC", "SGMCMCState", "Step", "Thermostatted", "positive"]
 #: The phases of :meth:`SGMCMC.adapted_step_size` whose kernel the stored draws keep (after
 #: tuning, or from the start without windows): they meet the strict noise tolerance.
 KEPT_PHASES = ("final", "start_kept")
+#: The thermostatted samplers warn when their kept draws' kinetic temperature is off 1 by more
+#: than this (Thermostatted._warn_if_thermostat_relaxing): a 10 % error in the variance of a
+#: coordinate the thermostat reaches, the accuracy the benchmarks ask for.
+KINETIC_TEMPERATURE_TOLERANCE = 0.1
+#: ... and by more than this many standard deviations of the chance departure of a thermostat
+#: at its equilibrium (a short run's xi wanders).
+RELAXATION_Z = 5.0
 
 
 class Step(NamedTuple):
@@ -1190,8 +1197,9 @@ class SGMCMC(ArrayStepShared):
         )
         if self._device_data is not None:
             self._device_data.refresh()
+        start = self.chain_state
         with plain_assignment_errors():  # numba compiles the block at its first call
-            out = block_fn(*(self.chain_state[n] for n in names), *sequences, *self._kernel)
+            out = block_fn(*(start[n] for n in names), *sequences, *self._kernel)
         # JAX returns read-only views of its buffers, which PyMC's trace cannot take.
         out = [o if o.flags.writeable else np.array(o) for o in map(np.asarray, out)]
         final = out[: len(names)]
@@ -1227,6 +1235,9 @@ class SGMCMC(ArrayStepShared):
                     if 2 * self.block_cap * self.thin >= self.block_steps
                     else (2 * self.block_cap)
                 )
+            if not self.tune:
+                last = self.draws_left is not None and n_draws >= self.draws_left
+                self._kept_block(start, float(np.sum(h)), last)
         else:
             bad = int(np.argmin(sane))
             self.block_cap = max(1, bad // self.thin)
@@ -1236,6 +1247,11 @@ class SGMCMC(ArrayStepShared):
         self.buffer = buffer
         self.stat_rows = None  # built at the first draw step() serves from this block
         self.cursor = 0
+
+    def _kept_block(self, start: dict[str, np.ndarray], duration: float, last: bool) -> None:
+        """A block of kept draws (after tuning) ran without divergence from the integrator
+        state ``start`` to ``self.chain_state`` over ``duration`` units of time; ``last``:
+        it holds the chain's last draw. For checks over the kept draws."""
 
     def _logp_steps(self, n_steps: int) -> tuple[np.ndarray, np.ndarray]:
         """The steps of a block at which the runaway check reads the minibatch log-density
@@ -1348,7 +1364,13 @@ class Thermostatted(SGMCMC):
     D / 2, and the chain then slides at about one posterior sd per unit time, a transit that
     grows linearly with the starting distance instead of logarithmically. The windows that
     set the preconditioner and step size, and the draws, run the papers' dynamics, restarted
-    at each window's start."""
+    at each window's start.
+
+    After the last draw the kinetic temperature of the kept draws is checked
+    (``kept_kinetic_temperature()``): every thermostat step moves xi by
+    (tau / mu)(p^T p - D), so xi's net change gives it exactly. A thermostat still relaxing
+    (started far from its equilibrium, which it leaves from above at most D / mu per unit
+    time) leaves the draws too cold or too hot, and a ``RuntimeWarning`` says so."""
 
     friction: float
 
@@ -1373,3 +1395,50 @@ class Thermostatted(SGMCMC):
 
     def initial_auxiliary(self, rng):
         return {"momentum": rng.standard_normal(self.dim), "thermostat": np.array(self.friction)}
+
+    def _reset_chain(self, tune: int, draws: int | None) -> None:
+        super()._reset_chain(tune, draws)
+        # xi at the first kept draw's block, its net change over the kept blocks, their time.
+        self.kept_thermostat = (None, 0.0, 0.0)
+
+    def _kept_block(self, start, duration, last):
+        first, change, time = self.kept_thermostat
+        xi_start = float(start["thermostat"])
+        change += float(self.chain_state["thermostat"]) - xi_start
+        self.kept_thermostat = (xi_start if first is None else first, change, time + duration)
+        if last:
+            self._warn_if_thermostat_relaxing()
+
+    def kept_kinetic_temperature(self) -> float:
+        """The kinetic temperature p^T p / D averaged over the kept draws' thermostat steps:
+        every step moves xi by (tau / mu)(p^T p - D) with its taus summing to h, so the
+        average is exactly 1 + mu (net change of xi) / (D time), whatever the splitting; 1
+        on average when the thermostat is at its equilibrium."""
+        _, change, time = self.kept_thermostat
+        return 1.0 + self.thermostat_mass * change / (self.dim * time) if time > 0 else 1.0
+
+    def _warn_if_thermostat_relaxing(self) -> None:
+        """Warn when the kept draws' kinetic temperature is off 1 by more than
+        ``KINETIC_TEMPERATURE_TOLERANCE`` and by more than xi's equilibrium fluctuation
+        explains: the thermostat was still relaxing, and the draws are too cold or too hot.
+        At its equilibrium xi has sd 1/sqrt(mu) (the invariant density's factor
+        exp(-mu (xi - A)^2 / 2), Shang et al. 2015, Proposition 2), so its net change over a
+        run has sd sqrt(2 / mu)."""
+        first, change, time = self.kept_thermostat
+        temperature = self.kept_kinetic_temperature()
+        chance = RELAXATION_Z * np.sqrt(2.0 * self.thermostat_mass) / (self.dim * time)
+        if time <= 0 or abs(temperature - 1.0) <= max(KINETIC_TEMPERATURE_TOLERANCE, chance):
+            return
+        state = "cold" if temperature < 1.0 else "hot"
+        warnings.warn(
+            f"{type(self).__name__}: the kinetic temperature averaged {temperature:.3g} over "
+            f"the draws instead of 1: the thermostat was still relaxing (xi moved from "
+            f"{first:.4g} to {first + change:.4g} over {time:.3g} units of time; from above it "
+            f"falls at most D/mu per unit time), so the draws are too {state} (their spread about "
+            f"{np.sqrt(max(temperature, 0.0)):.2g} times the posterior's). Let tune run (xi "
+            "restarts at its equilibrium at each adaptation window's end, and with the step "
+            "size adapted the gradient noise it absorbs stays small), start nearer the "
+            "posterior, or take a smaller step_size.",
+            RuntimeWarning,
+            stacklevel=2,
+        )
