@@ -74,9 +74,9 @@ DRIFT_THRESHOLD = 1.5
 STORED_DRAWS_TAU = (1 + np.exp(-1)) / (1 - np.exp(-1))
 #: Rate at which the end-of-tuning drift warning fires for a chain that was sampling over its
 #: last window, over all coordinates together. 1.5 alone is a per-coordinate level: a short
-#: window or many coordinates give a stationary chain one beyond it by chance (tau = 2: 16 % of
-#: chains with 3 coordinates over a 15-draw window, 7 % with 100 over a 50-draw one, as at
-#: tune=200), so the warning also asks for a statistic that chance reaches this rarely
+#: window or many coordinates give a stationary chain one beyond it by chance (tau = 2.16: 19 %
+#: of chains with 3 coordinates over a 15-draw window, 7 % with 100 over a 50-draw one, as
+#: at tune=200), so the warning also asks for a statistic that chance reaches this rarely
 #: (:meth:`WindowVariance.drift_warning`).
 DRIFT_WARNING_FALSE_ALARMS = 0.01
 
@@ -155,7 +155,7 @@ class WindowVariance:
         ``DRIFT_WARNING_FALSE_ALARMS``, and at least ``DRIFT_THRESHOLD``. The halves' means
         of k1 and k2 such draws differ by about sqrt(tau (1/k1 + 1/k2)) of the spread, and
         the pooled spread, estimated from the window, makes the ratio Student-t with
-        k1 + k2 - 2 degrees of freedom: within 4 % of the simulated 99-99.99 % quantiles of
+        k1 + k2 - 2 degrees of freedom: within 5 % of the simulated 99-99.99 % quantiles of
         AR(1) draws with tau 2 and 3 over 15-150 draws. Bonferroni over the coordinates
         (``tests/test_adaptation.py`` measures the rate). The price is sensitivity in short
         windows: a linear drift over 15 draws of 3 coordinates (level 2.73) is reported
