@@ -1425,15 +1425,17 @@ class Thermostatted(SGMCMC):
         exp(-mu (xi - A)^2 / 2), Shang et al. 2015, Proposition 2), so its net change over a
         run has sd sqrt(2 / mu)."""
         first, change, time = self.kept_thermostat
+        if time <= 0:
+            return
         temperature = self.kept_kinetic_temperature()
         chance = RELAXATION_Z * np.sqrt(2.0 * self.thermostat_mass) / (self.dim * time)
-        if time <= 0 or abs(temperature - 1.0) <= max(KINETIC_TEMPERATURE_TOLERANCE, chance):
+        if abs(temperature - 1.0) <= max(KINETIC_TEMPERATURE_TOLERANCE, chance):
             return
         state = "cold" if temperature < 1.0 else "hot"
         warnings.warn(
             f"{type(self).__name__}: the kinetic temperature averaged {temperature:.3g} over "
-            f"the draws instead of 1: the thermostat was still relaxing (xi moved from "
-            f"{first:.4g} to {first + change:.4g} over {time:.3g} units of time; from above it "
+            f"the draws instead of 1: the thermostat was still relaxing (xi moved by "
+            f"{change:+.4g} from {first:.4g} over {time:.3g} units of time; from above it "
             f"falls at most D/mu per unit time), so the draws are too {state} (their spread about "
             f"{np.sqrt(max(temperature, 0.0)):.2g} times the posterior's). Let tune run (xi "
             "restarts at its equilibrium at each adaptation window's end, and with the step "
