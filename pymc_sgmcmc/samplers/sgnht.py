@@ -52,7 +52,11 @@ class SGNHT(Thermostatted):
     isotropic noise, :math:`A + h\,\mathrm{tr}\Sigma/(2D)`, with :math:`\Sigma` from one
     minibatch at the current position. In the initial interval of an adapted warm-up
     :math:`\xi` is held at A instead, so that a far start is reached quickly (see
-    :class:`~pymc_sgmcmc.base.Thermostatted`).
+    :class:`~pymc_sgmcmc.base.Thermostatted`). The estimate needs the noise of the
+    posterior's bulk: from a far start with ``tune=0`` it starts far above the level the
+    draws need and the chain freezes. A ``RuntimeWarning`` after the last draw reports a
+    thermostat still relaxing over the draws (their kinetic temperature, exact from
+    :math:`\xi`'s net change, off 1 by more than 0.1).
 
     Sampler stats
     -------------
