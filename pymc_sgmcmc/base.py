@@ -1139,15 +1139,22 @@ class SGMCMC(ArrayStepShared):
 
     # ------------------------------------------------------------------ blocks
     def _initial_state(self, theta: np.ndarray) -> dict[str, np.ndarray]:
-        init_fn, names, evaluated = self.functions
+        names = self.functions[1]
         state = {"theta": np.asarray(theta / self.scale, dtype=self.dtype)}
-        if init_fn is not None:
-            indices = [i[0] for i in self.sg_model.draw_indices(self.rng, 1)]
-            noise = self.rng.standard_normal((self.noise_vectors, self.dim), dtype=self.dtype)
-            values = init_fn(state["theta"], *indices, noise, self.step_size, *self._kernel)
-            state.update(zip(evaluated, values, strict=True))
+        state.update(self._start_evaluation(state["theta"]))
         state.update(self.initial_auxiliary(self.rng))
         return {n: state[n] for n in names}
+
+    def _start_evaluation(self, theta: np.ndarray) -> dict[str, np.ndarray]:
+        """:meth:`initial_evaluation` at ``theta`` (preconditioned coordinates) with a fresh
+        minibatch and noise from the chain's stream."""
+        init_fn, _, evaluated = self.functions
+        if init_fn is None:
+            return {}
+        indices = [i[0] for i in self.sg_model.draw_indices(self.rng, 1)]
+        noise = self.rng.standard_normal((self.noise_vectors, self.dim), dtype=self.dtype)
+        values = init_fn(theta, *indices, noise, self.step_size, *self._kernel)
+        return dict(zip(evaluated, values, strict=True))
 
     def _fill_buffer(self, theta: np.ndarray) -> None:
         names = self.functions[1]

@@ -167,6 +167,26 @@ def test_a_thermostat_still_relaxing_over_the_draws_is_reported():
     assert abs(step.kept_kinetic_temperature() - 1.0) < 0.01
 
 
+def test_sgnht_restarts_its_thermostat_at_the_noise_level_of_sixteen_minibatches():
+    # A restart after the chain has moved (a window's end, the end of tuning) sets
+    # xi = A + h tr(Sigma) / (2D) from 16 minibatches: the same level as one minibatch's
+    # estimate, with a quarter of its spread (400 restarts each: the ratio of the sds has a
+    # standard error of about 0.015 for Gaussian levels, more for these skewed ones).
+    problem = GaussianRegression.make(n_obs=5000, dim=10, batch_size=100)
+    with problem.model() as model:
+        step = SGNHT(step_size=1e-3, thin=1, block_steps=10)
+        step.setup_chain(np.random.default_rng(5), tune=0, draws=20)
+        step.step(model.initial_point())  # the chain has moved: restarts average
+    assert step.step_count > 0
+    theta = problem.mean / step.scale
+    single = [step._start_evaluation(theta)["thermostat"] for _ in range(400)]
+    averaged = [step._initial_state(problem.mean)["thermostat"] for _ in range(400)]
+    se = np.sqrt((np.var(single) + np.var(averaged)) / 400)
+    assert abs(np.mean(averaged) - np.mean(single)) < Z_TOLERANCE * se
+    assert np.mean(single) > step.friction + 0.1  # the noise level is measurable at this h
+    assert 0.18 < np.std(averaged) / np.std(single) < 0.35
+
+
 @pytest.mark.parametrize("splitting", ["BADODAB", "euler"])
 def test_sgnht_matches_exact_gaussian_posterior(splitting):
     # N = 1000, n = 500, h omega ~ 0.1: discretisation bias <= (h omega)^2 / 4 ~ 0.3 % of the
