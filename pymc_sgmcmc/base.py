@@ -1145,14 +1145,17 @@ class SGMCMC(ArrayStepShared):
         state.update(self.initial_auxiliary(self.rng))
         return {n: state[n] for n in names}
 
-    def _start_evaluation(self, theta: np.ndarray) -> dict[str, np.ndarray]:
+    def _start_evaluation(
+        self, theta: np.ndarray, rng: np.random.Generator | None = None
+    ) -> dict[str, np.ndarray]:
         """:meth:`initial_evaluation` at ``theta`` (preconditioned coordinates) with a fresh
-        minibatch and noise from the chain's stream."""
+        minibatch and noise from ``rng``, by default the chain's stream."""
         init_fn, _, evaluated = self.functions
         if init_fn is None:
             return {}
-        indices = [i[0] for i in self.sg_model.draw_indices(self.rng, 1)]
-        noise = self.rng.standard_normal((self.noise_vectors, self.dim), dtype=self.dtype)
+        rng = self.rng if rng is None else rng
+        indices = [i[0] for i in self.sg_model.draw_indices(rng, 1)]
+        noise = rng.standard_normal((self.noise_vectors, self.dim), dtype=self.dtype)
         values = init_fn(theta, *indices, noise, self.step_size, *self._kernel)
         return dict(zip(evaluated, values, strict=True))
 
@@ -1442,12 +1445,12 @@ class Thermostatted(SGMCMC):
         warnings.warn(
             f"{type(self).__name__}: the kinetic temperature averaged {temperature:.3g} over "
             f"the draws instead of 1: the thermostat was still relaxing (xi moved by "
-            f"{change:+.4g} from {first:.4g} over {time:.3g} units of time; from above it "
-            f"falls at most D/mu per unit time), so the draws are too {state} (their spread about "
-            f"{np.sqrt(max(temperature, 0.0)):.2g} times the posterior's). Let tune run (xi "
-            "restarts at its equilibrium at each adaptation window's end, and with the step "
-            "size adapted the gradient noise it absorbs stays small), start nearer the "
-            "posterior, or take a smaller step_size.",
+            f"{change:+.4g} from {first:.4g} over {time:.3g} units of time, at (T - 1) D/mu "
+            f"per unit time: from above at most D/mu), so the draws are too {state} (their "
+            f"spread about {np.sqrt(max(temperature, 0.0)):.2g} times the posterior's). Let "
+            "tune run (xi restarts at its equilibrium at each adaptation window's end, and "
+            "with the step size adapted the gradient noise it absorbs stays small), start "
+            "nearer the posterior, or take a smaller step_size.",
             RuntimeWarning,
             stacklevel=2,
         )

@@ -12,8 +12,17 @@ from pymc_sgmcmc.operators import drift, kick, kinetic_temperature, ornstein_uhl
 
 __all__ = ["SGNHT"]
 
-#: Minibatches whose gradient noise sets the thermostat's equilibrium start at a restart.
+#: Minibatches whose gradient noise sets the thermostat's equilibrium start.
 EQUILIBRIUM_MINIBATCHES = 16
+#: The ratio E|F|^2 / tr(Sigma) of the minibatch force (over those minibatches) above which a
+#: start counts as far out, where the thermostat starts at A instead. E|F|^2 = |E F|^2 +
+#: tr(Sigma): the ratio is 1 at the posterior mean and 1 + about n/N at a posterior draw (the
+#: force's mean square there is tr of the posterior precision, about N/n times smaller than
+#: the noise's); far out the force points home and dominates. One minibatch's ratio measured
+#: 5.2-12 at the initial points of four regressions (D = 2-100, N/n = 2-100), 0.55-1.0 at
+#: their posterior means, and 3.4 at 10 posterior sd out on the D = 100 one, whose gradient
+#: noise there is twice the bulk's.
+FAR_START_RATIO = 3.0
 
 
 class SGNHT(Thermostatted):
@@ -33,8 +42,8 @@ class SGNHT(Thermostatted):
         coordinates.
     friction : float, default 1.0
         :math:`A`, the injected-noise amplitude (the thermostat starts at its equilibrium,
-        :math:`A + h\,\mathrm{tr}\Sigma/(2D)`; the papers start it at A). 1 and 10 are the
-        values of the CCAdL and mCCAdL experiments.
+        :math:`A + h\,\mathrm{tr}\Sigma/(2D)`, except far out; the papers start it at A). 1
+        and 10 are the values of the CCAdL and mCCAdL experiments.
     thermostat_mass : float, optional
         :math:`\mu`; default :math:`D`, the number of free parameters (the papers' choice).
     splitting : {"BADODAB", "euler"}, default "BADODAB"
@@ -53,15 +62,17 @@ class SGNHT(Thermostatted):
     At every chain (re)start, at each adaptation boundary and at the end of tuning, the
     momentum is drawn from :math:`N(0, I)` and :math:`\xi` starts at its equilibrium under
     isotropic noise, :math:`A + h\,\mathrm{tr}\Sigma/(2D)`, with :math:`\Sigma` at the
-    current position: averaged over 16 minibatches at a restart once the chain has moved (one
-    minibatch's estimate spreads by 10-20 %, and the draws would run as much too hot or cold
-    while :math:`\xi` relaxes), from one at the chain's first start. In the initial interval
-    of an adapted warm-up :math:`\xi` is held at A instead, so that a far start is reached
-    quickly (see :class:`~pymc_sgmcmc.base.Thermostatted`). The estimate needs the noise of the
-    posterior's bulk: from a far start with ``tune=0`` it starts far above the level the
-    draws need and the chain freezes. A ``RuntimeWarning`` after the last draw reports a
-    thermostat still relaxing over the draws (their kinetic temperature, exact from
-    :math:`\xi`'s net change, off 1 by more than 0.1).
+    current position averaged over 16 minibatches (one minibatch's estimate spreads by
+    10-20 %, and the draws would run as much too hot or cold while :math:`\xi` relaxes).
+    Far out, where the minibatch force's mean square exceeds 3 :math:`\mathrm{tr}\Sigma` (it
+    points home and dominates its noise), the noise is no guide to the posterior's and
+    :math:`\xi` starts at A, the papers' start: from above its level it would fall at most
+    :math:`D/\mu` per unit time, holding the chain. In the initial interval of an adapted
+    warm-up :math:`\xi` is held at A, so that a far start is reached quickly (see
+    :class:`~pymc_sgmcmc.base.Thermostatted`). A ``RuntimeWarning`` after the last draw
+    reports a thermostat still relaxing over the draws (their kinetic temperature, exact
+    from :math:`\xi`'s net change, off 1 by more than 0.1): from a far start with ``tune=0``
+    the climb from A to the posterior's level takes about that level's time units.
 
     Sampler stats
     -------------
@@ -118,29 +129,37 @@ class SGNHT(Thermostatted):
 
     def initial_evaluation(self, theta, indices, noise, h):
         # The thermostat starts at its equilibrium under isotropic gradient noise,
-        # xi = A + h tr(Sigma) / (2D) (Ding et al. 2014, B = h Sigma / 2), from this minibatch:
-        # from xi = A it would take about mu / (h tr Sigma) time units to get there. (A
-        # one-row minibatch has no estimate: xi = A, Ding et al.'s start.)
+        # xi = A + h tr(Sigma) / (2D) (Ding et al. 2014, B = h Sigma / 2), from this minibatch
+        # (_initial_state averages 16): from xi = A it would take about mu / (h tr Sigma)
+        # time units to get there. (A one-row minibatch has no estimate: xi = A, Ding et
+        # al.'s start.)
         force, sigma = self.target.force_and_noise(theta, indices, optional=True)
         xi = self.friction + h * sigma.trace() / (2.0 * self.dim)
         return {"force": force, "thermostat": xi}
 
     def _initial_state(self, theta):
         state = super()._initial_state(theta)
-        if self.transient or self.step_count == 0:
-            return state
-        # A restart after the chain has moved (an adaptation window's end, the end of tuning,
-        # a divergence): the equilibrium level averaged over EQUILIBRIUM_MINIBATCHES
-        # minibatches. One minibatch's tr(Sigma) is a noisy estimate (the rows' gradients are
+        if self.transient:
+            return state  # xi held at A (Thermostatted)
+        # One minibatch's tr(Sigma) is a noisy estimate (the rows' gradients are
         # heavy-tailed), and xi relaxes from a wrong start over mu / (D |T - 1|) time units:
-        # at a given step size the draws ran 10-15 % too hot or cold. The chain's first
-        # start keeps one minibatch: its position may be far out, where no estimate is a
-        # guide to the bulk's level.
-        levels = [state["thermostat"]] + [
-            self._start_evaluation(state["theta"])["thermostat"]
+        # at a given step size the draws ran 10-15 % too hot or cold. Hence the average over
+        # EQUILIBRIUM_MINIBATCHES minibatches, the others drawn from a spawned generator so
+        # that the chain's own random stream is that of a one-minibatch start.
+        extra = self.rng.spawn(1)[0]
+        starts = [state] + [
+            self._start_evaluation(state["theta"], extra)
             for _ in range(EQUILIBRIUM_MINIBATCHES - 1)
         ]
-        state["thermostat"] = np.asarray(np.mean(levels), dtype=state["thermostat"].dtype)
+        excess = np.mean([s["thermostat"] for s in starts], dtype=float) - self.friction
+        squared_force = np.mean([np.sum(np.square(s["force"], dtype=float)) for s in starts])
+        noise_trace = 2.0 * self.dim * excess / self.step_size  # tr(Sigma), averaged
+        far_out = squared_force > FAR_START_RATIO * noise_trace
+        # Far out the noise is no guide to the bulk's, and a level above the bulk's holds the
+        # chain (xi falls at most D / mu per unit time): the papers' xi = A, whose climb to
+        # the bulk's level takes about that level's time units.
+        level = self.friction if far_out else self.friction + excess
+        state["thermostat"] = np.asarray(level, dtype=state["thermostat"].dtype)
         return state
 
     def integrate(self, state, indices, noise, h):
