@@ -65,7 +65,8 @@ class SGNHT(Thermostatted):
     current position averaged over 16 minibatches (one minibatch's estimate spreads by
     10-20 %, and the draws would run as much too hot or cold while :math:`\xi` relaxes).
     Far out, where the minibatch force's mean square exceeds 3 :math:`\mathrm{tr}\Sigma` (it
-    points home and dominates its noise), the noise is no guide to the posterior's and
+    points home and dominates its noise; with D near or above n the test can miss a far
+    start, see the guide's "Thermostat warm-up"), the noise is no guide to the posterior's and
     :math:`\xi` starts at A, the papers' start: from above its level it would fall at most
     :math:`D/\mu` per unit time, holding the chain. In the initial interval of an adapted
     warm-up :math:`\xi` is held at A, so that a far start is reached quickly (see
