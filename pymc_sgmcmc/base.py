@@ -1044,21 +1044,16 @@ class SGMCMC(ArrayStepShared):
 
     def _choose_step_size(self, theta: np.ndarray, phase: str) -> float:
         """The step size from the geometry at the last few tuning draws (or at ``theta`` at
-        the chain start): the largest curvature, for stability, and the mean noise, for
-        accuracy -- the gradient noise varies with the position, more than the curvature."""
+        the chain start): the largest curvature, for stability, and the noise averaged over
+        the points, for accuracy -- the gradient noise varies with the position, more than
+        the curvature."""
         points = self.recent or [theta]
-        geometry = np.array(
-            [
-                self.sg_model.local_geometry(
-                    x, self.scale, self.rng, batches=2, anchor=self._geometry_anchor
-                )
-                for x in points
-            ]
-        )
-        curvature, noise = np.max(geometry[:, 0]), np.mean(geometry[:, 1])
+        sg_model, scale, rng = self.sg_model, self.scale, self.rng
+        curvature = np.max([sg_model.largest_curvature(x, scale, rng) for x in points])
         if not np.isfinite(curvature) or curvature <= 0:
             # Not finite here (e.g. at a boundary of the support): a cautious halving.
             return 0.5 * self.step_size if self.step_size else 1e-3
+        noise = sg_model.gradient_noise(points, scale, rng, anchor=self._geometry_anchor)
         return self.adapted_step_size(curvature, noise if np.isfinite(noise) else 0.0, phase)
 
     @property

@@ -322,6 +322,14 @@ def _rebuild_rv(op, inputs: Sequence[Variable]) -> list[Variable]:
     return value.owner.outputs
 
 
+#: Minibatches pooled to estimate the gradient noise's largest eigenvalue (see
+#: :meth:`SGModel.gradient_noise`).
+NOISE_BATCHES = 16
+#: Largest number of per-observation gradient values (rows x D) held at once for that
+#: estimate: 2^24 float64 values are 128 MiB (8 minibatches of 2,000 rows at D = 1,000).
+NOISE_VALUES_BUDGET = 2**24
+
+
 def _power_iteration(matvec, start: np.ndarray, iterations: int) -> float:
     """Largest |eigenvalue| of a symmetric operator (nan if it produces non-finite values)."""
     x, estimate = start, np.nan
@@ -630,47 +638,55 @@ class SGModel:
         n_rows = centred.shape[0].astype(centred.dtype)
         return DenseCovariance(self.batch_size * (centred.T @ centred) / n_rows, self.dim)
 
-    def local_geometry(
+    def gradient_noise(
         self,
-        theta: np.ndarray,
+        points: Sequence[np.ndarray],
         scale: np.ndarray,
         rng: np.random.Generator,
-        batches: int = 4,
+        batches: int = NOISE_BATCHES,
         iterations: int = 20,
         anchor: np.ndarray | None = None,
-    ) -> tuple[float, float]:
-        """The two numbers a step size is chosen from, in the coordinates phi = theta / scale.
+    ) -> float:
+        """The largest eigenvalue of the preconditioned minibatch-force covariance S Sigma S
+        (S = diag(scale)), averaged over ``points``: one of the two numbers a step size is
+        chosen from (the other is :meth:`largest_curvature`).
 
-        Returns (curvature, noise): the largest eigenvalue of the Hessian of -log p,
-        S H S (S = diag(scale)), and the largest eigenvalue of the minibatch-force covariance,
-        S Sigma S, both at ``theta`` and averaged over ``batches`` minibatches (one
-        minibatch's Hessian over-estimates the largest eigenvalue). Power iteration on
-        Hessian-vector products (``iterations`` of them) and on the per-observation gradients:
-        a few dozen gradient evaluations, never a D x D matrix. ``noise`` is 0 without
-        ``pm.Minibatch``; either value is nan where the model is not finite at ``theta``.
-        With an ``anchor``, the noise is that of the control-variate force (the spread of
-        g_i(theta) - g_i(anchor)).
+        Power iteration on the covariance of the per-observation gradients, pooled over
+        ``batches`` minibatches spread evenly over the points (each minibatch centred on its
+        own mean), as many as :data:`NOISE_VALUES_BUDGET` holds and at least one per point.
+        One minibatch's sample covariance spreads its spectrum (Marchenko-Pastur, wider still
+        for heavy-tailed rows), so that its largest eigenvalue over-states the covariance's:
+        on linear regressions at the posterior it measured 1.7x (D = 10, n = 200), 2.5x
+        (D = 100, n = 500), 5.2x (D = 200, n = 400) and 5.9x (D = 1,000, n = 2,000), up to
+        9.7x with t3-distributed residuals; 16 pooled minibatches measured 1.03-1.56x on the
+        same problems, never below 1 on average. 0 without ``pm.Minibatch``; nan where the
+        model is not finite at a point. With an ``anchor``, the noise is that of the
+        control-variate force (the spread of g_i(theta) - g_i(anchor)).
         """
         _, rows_fn = self._geometry_functions
-        batch_idx = self._batch_indices(rng, batches)
-        curvature = self._largest_curvature(theta, scale, rng, batch_idx, iterations)
         if rows_fn is None:
-            return curvature, 0.0
-        rows = [self._noise_rows(theta, ix, anchor) * scale for ix in batch_idx]
+            return 0.0
+        fits = NOISE_VALUES_BUDGET // (self.batch_size * self.dim)
+        per_point = max(1, min(batches, fits) // len(points))
         if self.batch_size == 1:
-            # One row per minibatch has no spread of its own: Sigma of a one-row minibatch is
-            # the covariance of single (N-scaled) rows, estimated from the batches' rows.
-            rows = [np.concatenate(rows)]
-        noise = []
-        for r in rows:
-            centred = r - r.mean(axis=0)
-            n = len(r)
+            per_point = max(per_point, 2)
+        blocks = []
+        for theta in points:
+            rows = [
+                self._noise_rows(theta, ix, anchor) * scale
+                for ix in self._batch_indices(rng, per_point)
+            ]
+            if self.batch_size == 1:
+                # One row per minibatch has no spread of its own: Sigma of a one-row minibatch
+                # is the covariance of single (N-scaled) rows, estimated from the point's rows.
+                rows = [np.concatenate(rows)]
+            blocks += [r - r.mean(axis=0) for r in rows]
+        weights = [self.batch_size / (len(b) - 1.0) / len(blocks) for b in blocks]
 
-            def sigma(v, centred=centred, n=n):
-                return self.batch_size / (n - 1.0) * (centred.T @ (centred @ v))
+        def sigma(v):
+            return sum(w * (b.T @ (b @ v)) for w, b in zip(weights, blocks, strict=True))
 
-            noise.append(_power_iteration(sigma, rng.standard_normal(self.dim), iterations))
-        return curvature, float(np.mean(noise))
+        return _power_iteration(sigma, rng.standard_normal(self.dim), iterations)
 
     def _noise_rows(self, theta: np.ndarray, ix, anchor: np.ndarray | None) -> np.ndarray:
         """The rows whose spread is the force's noise: g_i(theta), or g_i(theta) - g_i(anchor)
@@ -682,7 +698,9 @@ class SGModel:
     def largest_curvature(
         self, theta: np.ndarray, scale: np.ndarray, rng: np.random.Generator, batches: int = 2
     ) -> float:
-        """The curvature of :meth:`local_geometry` alone (no per-observation gradients)."""
+        """The largest eigenvalue of the preconditioned Hessian of -log p, S H S, at ``theta``,
+        averaged over ``batches`` minibatches (one minibatch's Hessian over-estimates the
+        largest eigenvalue): power iteration on Hessian-vector products."""
         return self._largest_curvature(theta, scale, rng, self._batch_indices(rng, batches))
 
     def _largest_curvature(self, theta, scale, rng, batch_idx, iterations: int = 20) -> float:
@@ -703,7 +721,7 @@ class SGModel:
         """The shrinkage intensity towards ``target`` for the minibatch estimate of
         S Sigma S, pooled over ``batches`` minibatches at each of ``points``: the ratio of the
         averaged statistics of :func:`ledoit_wolf_statistics`, clipped to [0, 1]. 0 without
-        ``pm.Minibatch``. ``anchor``: as in :meth:`local_geometry`."""
+        ``pm.Minibatch``. ``anchor``: as in :meth:`gradient_noise`."""
         _, rows_fn = self._geometry_functions
         if rows_fn is None:
             return 0.0

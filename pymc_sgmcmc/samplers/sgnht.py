@@ -99,8 +99,11 @@ class SGNHT(Thermostatted):
 
     name = "sgnht"
     # The thermostat absorbs the trace of the gradient noise, not its anisotropy: a coordinate
-    # without gradient noise then runs at temperature A / xi >= 1 / (1 + alpha).
-    noise_tolerance = 0.05
+    # without gradient noise then runs at temperature A / xi >= 1 / (1 + alpha). On the
+    # hierarchical model of the slow tests its group mean and scale cooled about twice as much
+    # as that (variances 0.85-0.98 of NUTS's at xi = 1.04, alpha = 0.05); 0.03 kept them
+    # within 0.10 (guide, "The default").
+    noise_tolerance = 0.03
     stats_dtypes_shapes = {
         **SGMCMC.common_stats,
         "kinetic_temperature": (np.float64, []),
