@@ -17,9 +17,10 @@ and for mCCAdL and NOGIN ``previous kernels``: the Krylov kernels as they were b
 latest change, :func:`previous_krylov_kernels` (``benchmarks/jax_krylov.py`` times the
 kernels alone),
 
-and both parts run ``pm.sample`` end to end (SGLD and mCCAdL with their defaults on P1,
-1,000 tuning draws and 1,000 draws), checking the posterior against the exact one; the two
-backends' draws are compared too (they start from the same seed).
+and both parts run ``pm.sample`` end to end (by default SGLD and mCCAdL with their defaults on
+P1, 1,000 tuning draws and 1,000 draws; ``--end-to-end-problem P1x10`` runs them at D = 1,000),
+checking the posterior against the exact one; the two backends' draws are compared too (they
+start from the same seed).
 
 Each part runs in its own process, so on a GPU machine both run at once (the JAX part keeps
 one CPU core busy, the numba part the others)::
@@ -29,7 +30,8 @@ one CPU core busy, the numba part the others)::
     python benchmarks/gpu.py report DIR [--output benchmarks/gpu_results.md]
 
 ``--quick`` shrinks the problems (a dry run on a machine without a GPU); ``--problems``,
-``--samplers`` and ``--end-to-end`` choose what runs.
+``--samplers``, ``--end-to-end`` and ``--end-to-end-problem`` choose what runs, and
+``--no-variants`` times the float64 form alone.
 """
 
 from __future__ import annotations
@@ -166,6 +168,9 @@ def previous_krylov_kernels():
         jax_compile.TAYLOR_SUBSTEPS = kept
 
 
+END_TO_END = {"SGLD": "SGLD", "SGNHT": "SGNHT", "mCCAdL": "MCCAdL", "NOGIN": "NOGIN"}
+
+
 def end_to_end(setup: Setup, name: str, mode: str | None) -> tuple[dict, np.ndarray]:
     """``pm.sample`` as a user runs it (the sampler's defaults: step size and thin adapted
     during tuning, from PyMC's initial point): wall time and the posterior's errors."""
@@ -173,8 +178,9 @@ def end_to_end(setup: Setup, name: str, mode: str | None) -> tuple[dict, np.ndar
 
     import pymc_sgmcmc as sg
 
-    with setup.model():
-        step = {"SGLD": sg.SGLD, "mCCAdL": sg.MCCAdL}[name](mode=mode)
+    with setup.model(), warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", RuntimeWarning)
+        step = getattr(sg, END_TO_END[name])(mode=mode)
         t0 = time.perf_counter()
         idata = pm.sample(
             tune=1000,
@@ -190,9 +196,12 @@ def end_to_end(setup: Setup, name: str, mode: str | None) -> tuple[dict, np.ndar
     mean, var = setup.exact
     return {
         "wall_s": wall,
+        "thin": int(step.thin),
+        "step_size": float(step.step_size),
         "mean_error_sd": float(np.max(np.abs(draws.mean(0) - mean) / np.sqrt(var))),
         "var_ratio": float(np.median(draws.var(0) / var)),
         "diverging": int(idata.sample_stats["diverging"].values.sum()),
+        "warnings": [str(w.message)[:160] for w in caught if "pymc_sgmcmc" in w.filename],
     }, draws
 
 
@@ -219,6 +228,8 @@ def run_part(
     problems: list[str],
     samplers: list[str],
     end_to_end_samplers: list[str],
+    end_to_end_problem: str = "P1",
+    extra_variants: bool = True,
 ) -> None:
     import pymc as pm  # noqa: F401  (before the clock starts)
 
@@ -244,9 +255,9 @@ def run_part(
         big = key == "P1x10"
         for name in (n for n in names if n in samplers):
             variants = [("float64", None)]
-            if mode and name == "SGLD":
+            if mode and extra_variants and name == "SGLD":
                 variants += [("per-call data", data_passed_at_each_call), ("float32", None)]
-            if mode and name in ("mCCAdL", "NOGIN"):
+            if mode and extra_variants and name in ("mCCAdL", "NOGIN"):
                 variants += [("previous kernels", previous_krylov_kernels)]
             for variant, context in variants:
                 if time.perf_counter() - started > BUDGET_S:
@@ -264,14 +275,14 @@ def run_part(
                 except Exception as exc:  # a report, not a test: record it and go on
                     row = {"error": f"{type(exc).__name__}: {exc}"[:300]}
                 record(kind="block", part=part, problem=key, sampler=name, variant=variant, **row)
-    setup = Setup("P1", quick)
+    setup = Setup(end_to_end_problem, quick)
     draws = {}
     for name in end_to_end_samplers:
         try:
             row, draws[name] = end_to_end(setup, name, mode)
         except Exception as exc:
             row = {"error": f"{type(exc).__name__}: {exc}"[:300]}
-        record(kind="pm.sample", part=part, problem="P1", sampler=name, **row)
+        record(kind="pm.sample", part=part, problem=end_to_end_problem, sampler=name, **row)
         np.savez(out / f"draws_{part}.npz", **draws)
     record(kind="done", part=part, elapsed_s=time.perf_counter() - started)
 
@@ -339,19 +350,20 @@ def report(folder: Path) -> list[str]:
         lines.append(f"- error, {r['part']} {r['problem']} {r['sampler']}: {r['error']}")
     lines += [
         "",
-        "`pm.sample` on P1 (the samplers' defaults, 1,000 tuning draws, 1,000 draws, one chain, "
-        "seed 1; "
-        "wall time includes compilation; errors against the exact posterior: largest "
-        "|mean error| / sd, median variance ratio):",
+        "`pm.sample` (the samplers' defaults, 1,000 tuning draws, 1,000 draws, one chain, "
+        "seed 1; wall time includes compilation; thin: the adapted steps per draw; errors "
+        "against the exact posterior: largest |mean error| / sd, median variance ratio):",
         "",
-        "| sampler | part | wall s | mean error (sd) | variance ratio | divergent draws |",
-        "| --- | --- | --- | --- | --- | --- |",
+        "| problem | sampler | part | wall s | thin | mean error (sd) | variance ratio | "
+        "divergent draws |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     for r in rows:
         if r["kind"] == "pm.sample" and "error" not in r:
             lines.append(
-                f"| {r['sampler']} | {r['part']} | {r['wall_s']:.1f} | "
-                f"{r['mean_error_sd']:.3f} | {r['var_ratio']:.3f} | {r['diverging']} |"
+                f"| {r['problem']} | {r['sampler']} | {r['part']} | {r['wall_s']:.1f} | "
+                f"{r.get('thin', '-')} | {r['mean_error_sd']:.3f} | {r['var_ratio']:.3f} | "
+                f"{r['diverging']} |"
             )
     a, b = folder / "draws_jax.npz", folder / "draws_numba.npz"
     if a.exists() and b.exists():
@@ -373,8 +385,10 @@ def main() -> None:
     parser.add_argument("--problems", nargs="+", default=[key for key, _ in PLAN])
     parser.add_argument("--samplers", nargs="+", default=list(SAMPLERS))
     parser.add_argument(
-        "--end-to-end", nargs="*", default=["SGLD", "mCCAdL"], choices=["SGLD", "mCCAdL"]
+        "--end-to-end", nargs="*", default=["SGLD", "mCCAdL"], choices=list(END_TO_END)
     )
+    parser.add_argument("--end-to-end-problem", default="P1", choices=["P1", "P1x10"])
+    parser.add_argument("--no-variants", action="store_true")
     args = parser.parse_args()
     warnings.filterwarnings("ignore")
     if args.part == "report":
@@ -392,6 +406,8 @@ def main() -> None:
         args.problems,
         args.samplers,
         args.end_to_end,
+        args.end_to_end_problem,
+        not args.no_variants,
     )
 
 
