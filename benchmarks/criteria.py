@@ -287,7 +287,7 @@ def cores_child() -> None:
     suite.quiet_pymc()
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        table, ratios = cores_table("P1", 10, 20_000, 300)
+        table, ratios = cores_table("P1", 10, 20_000, 1000)
     print(json.dumps({"lines": table, "ratios": ratios}))
 
 

@@ -206,6 +206,11 @@ def draws_per_second(
     start = max(times[len(times) // 4] for times in per_chain)
     end = min(times[-1] for times in per_chain)
     window = (wall > start) & (wall <= end)
+    if not window.any():
+        raise RuntimeError(
+            f"the {chains} chains never delivered draws at the same time (one ended before "
+            "another had stored a quarter of its draws): give them more draws"
+        )
     first, last = np.flatnonzero(window)[[0, -1]]
     n = int(window.sum())
     return (
@@ -361,7 +366,7 @@ def main(argv: list[str]) -> None:
     parser.add_argument("--repeats", type=int, default=7)
     parser.add_argument("--draws", type=int, default=20000, help="per chain, for 'cores'")
     parser.add_argument(
-        "--default-draws", type=int, default=300, help="per chain, for 'cores' at the defaults"
+        "--default-draws", type=int, default=1000, help="per chain, for 'cores' at the defaults"
     )
     parser.add_argument("--output", type=Path, default=None)
     args = parser.parse_args(argv)
