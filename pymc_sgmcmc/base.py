@@ -83,6 +83,10 @@ __all__ = ["SGMCMC", "SGMCMCState", "Step", "Thermostatted", "positive"]
 #: The phases of :meth:`SGMCMC.adapted_step_size` whose kernel the stored draws keep (after
 #: tuning, or from the start without windows): they meet the strict noise tolerance.
 KEPT_PHASES = ("final", "start_kept")
+#: The most integrator steps per stored draw that an adapted ``thin`` takes. Beyond it a draw
+#: covers less than a relaxation time and successive draws are correlated; the end of tuning
+#: says so (SGMCMC._warn_thin_capped), as NUTS reports reaching its maximum tree depth.
+MAX_THIN = 1000
 #: The thermostatted samplers warn when their kept draws' kinetic temperature is off 1 by more
 #: than this (Thermostatted._warn_if_thermostat_relaxing): a 10 % error in the variance of a
 #: coordinate the thermostat reaches, the accuracy the benchmarks ask for.
@@ -184,8 +188,9 @@ class SGMCMC(ArrayStepShared):
         Default: 1 when ``step_size`` is given; when the step size is adapted, the number of
         steps in one relaxation time of the dynamics in the preconditioned coordinates
         (``max(A, 1/A) / h`` for the momentum samplers, ``2 / epsilon`` for SGLD and mSGLD,
-        at most 1000), re-chosen with the step size during ``tune``, so that the default
-        ``draws`` give a useful effective sample size.
+        at most 1000, with a warning at the end of tuning when the cap binds), re-chosen with
+        the step size during ``tune``, so that the default ``draws`` give a useful effective
+        sample size.
     adapt_preconditioner : bool, default True
         Estimate a diagonal preconditioner (mass matrix M = diag(sd^-2), sd the standard
         deviations of the tuning draws) during ``tune``, in Stan's doubling windows; every
@@ -982,7 +987,7 @@ class SGMCMC(ArrayStepShared):
             # the transient's looser noise rule would let them run hot (SGHMC at N/n = 1,000:
             # kinetic temperature 3-30, a first preconditioner 3x too wide).
             phase = "tuning" if self.boundaries else "final"
-            self._set_kernel(self._choose_step_size(theta, phase))
+            self._set_kernel(self._choose_step_size(theta, phase), phase)
         self.window = self._new_window()
         self.chain_state = None
         self.buffer = None
@@ -1040,7 +1045,7 @@ class SGMCMC(ArrayStepShared):
                 self.scale = 1.0 / np.sqrt(diagonal)
         phase = "transient" if self.boundaries else "start_kept"
         self.transient = phase == "transient"
-        self._set_kernel(self._choose_step_size(theta, phase))
+        self._set_kernel(self._choose_step_size(theta, phase), phase)
 
     def _choose_step_size(self, theta: np.ndarray, phase: str) -> float:
         """The step size from the geometry at the last few tuning draws (or at ``theta`` at
@@ -1127,10 +1132,31 @@ class SGMCMC(ArrayStepShared):
         )
         self.shrinkage_due = False
 
-    def _set_kernel(self, step_size: float) -> None:
+    def _set_kernel(self, step_size: float, phase: str | None = None) -> None:
+        """Set the step size and, unless the user gave one, ``thin``: one relaxation time, at
+        most ``MAX_THIN`` steps. ``phase`` names a kernel chosen by the step-size rule; the
+        one the draws keep warns when the cap shortened ``thin``."""
         self.step_size = float(step_size)
         if self.user_thin is None:
-            self.thin = int(np.clip(self.relaxation_steps(self.step_size), 1, 1000))
+            relaxation = self.relaxation_steps(self.step_size)
+            self.thin = int(np.clip(relaxation, 1, MAX_THIN))
+            if phase in KEPT_PHASES and relaxation > MAX_THIN:
+                self._warn_thin_capped(relaxation)
+
+    def _warn_thin_capped(self, relaxation: int) -> None:
+        """The kept kernel's ``thin`` is shorter than a relaxation time: say by how much, and
+        what ``thin`` would give draws about one relaxation time apart."""
+        warnings.warn(
+            f"{type(self).__name__}: thin was capped at {MAX_THIN} steps per draw, "
+            f"{relaxation / MAX_THIN:.3g} times fewer than one relaxation time at the adapted "
+            f"step_size={self.step_size:.3g} ({relaxation} steps). Successive draws are "
+            "correlated and the effective sample size will be well below the number of "
+            f"draws. Pass thin={relaxation} for draws about one relaxation time apart (a run "
+            f"{relaxation / MAX_THIN:.3g} times as long), or take more draws; a larger "
+            "minibatch allows a larger step size.",
+            RuntimeWarning,
+            stacklevel=2,
+        )
 
     # ------------------------------------------------------------------ blocks
     def _initial_state(self, theta: np.ndarray) -> dict[str, np.ndarray]:

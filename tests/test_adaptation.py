@@ -24,6 +24,7 @@ from pymc_sgmcmc.adaptation import (
     WindowVariance,
     adaptation_boundaries,
 )
+from pymc_sgmcmc.base import MAX_THIN
 
 SAMPLE_KWARGS = dict(progressbar=False, compute_convergence_checks=False)
 ALL_SAMPLERS = [SGLD, MSGLD, SGHMC, SGNHT, CCAdL, MCCAdL, NOGIN]
@@ -227,6 +228,45 @@ def test_without_windows_the_draws_keep_a_kernel_that_meets_the_final_noise_rule
     ess = az.ess(idata)["w"].values
     assert np.all(ess > 300), ess
     assert np.all((ratio > 0.8) & (ratio < 1.2)), ratio
+
+
+@pytest.mark.parametrize(
+    ("batch_size", "thin", "capped"),
+    [(50, None, True), (50, 200, False), (2000, None, False)],
+)
+def test_a_thin_capped_below_a_relaxation_time_is_reported_with_the_thin_to_pass(
+    batch_size, thin, capped
+):
+    # N/n = 400: SGLD's noise-limited step (about 4 alpha n / N) makes one relaxation time
+    # 2/eps of about 4,400 steps after tune=20, beyond the cap of 1,000, so successive draws are
+    # correlated: the user is told, with the thin that would give draws about a relaxation
+    # time apart (as NUTS reports reaching its maximum tree depth). At N/n = 10 the adapted
+    # thin is about 100 steps, and a thin of the user's own is theirs: no warning.
+    rng = np.random.default_rng(0)
+    n_obs = 20_000
+    X = rng.standard_normal((n_obs, 2))
+    y = X @ np.array([0.5, -1.0]) + rng.standard_normal(n_obs)
+    with pm.Model():
+        X_mb, y_mb = pm.Minibatch(X, y, batch_size=batch_size)
+        w = pm.Normal("w", 0, 10, shape=2)
+        pm.Normal("y", X_mb @ w, 1, observed=y_mb, total_size=n_obs)
+        step = SGLD(thin=thin)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            pm.sample(
+                3, tune=20, step=step, chains=1, random_seed=1,
+                initvals={"w": np.linalg.lstsq(X, y)[0]}, **SAMPLE_KWARGS,
+            )  # fmt: skip
+    messages = [str(w.message) for w in caught if "thin was capped" in str(w.message)]
+    relaxation = step.relaxation_steps(step.step_size)
+    assert len(messages) == capped, messages
+    if capped:
+        assert step.thin == MAX_THIN and relaxation > 2 * MAX_THIN
+        assert f"thin={relaxation} " in messages[0]
+    elif thin is None:
+        assert step.thin == relaxation <= MAX_THIN
+    else:
+        assert step.thin == thin and relaxation > MAX_THIN
 
 
 def sample(model, step, draws=2000, tune=1000, seed=3, **kwargs):
