@@ -330,10 +330,15 @@ NOISE_BATCHES = 16
 NOISE_VALUES_BUDGET = 2**24
 
 
-def _power_iteration(matvec, start: np.ndarray, iterations: int) -> float:
-    """Largest |eigenvalue| of a symmetric operator (nan if it produces non-finite values)."""
+#: Products of the power iterations behind the step-size rule's two eigenvalues.
+POWER_ITERATIONS = 20
+
+
+def _power_iteration(matvec, start: np.ndarray) -> float:
+    """Largest |eigenvalue| of a symmetric operator after :data:`POWER_ITERATIONS` products
+    (nan if it produces non-finite values)."""
     x, estimate = start, np.nan
-    for _ in range(iterations):
+    for _ in range(POWER_ITERATIONS):
         norm = np.linalg.norm(x)
         if not np.isfinite(norm) or norm == 0:
             return float("nan") if not np.isfinite(norm) else 0.0
@@ -644,7 +649,6 @@ class SGModel:
         scale: np.ndarray,
         rng: np.random.Generator,
         batches: int = NOISE_BATCHES,
-        iterations: int = 20,
         anchor: np.ndarray | None = None,
     ) -> float:
         """The largest eigenvalue of the preconditioned minibatch-force covariance S Sigma S
@@ -686,7 +690,7 @@ class SGModel:
         def sigma(v):
             return sum(w * (b.T @ (b @ v)) for w, b in zip(weights, blocks, strict=True))
 
-        return _power_iteration(sigma, rng.standard_normal(self.dim), iterations)
+        return _power_iteration(sigma, rng.standard_normal(self.dim))
 
     def _noise_rows(self, theta: np.ndarray, ix, anchor: np.ndarray | None) -> np.ndarray:
         """The rows whose spread is the force's noise: g_i(theta), or g_i(theta) - g_i(anchor)
@@ -701,13 +705,8 @@ class SGModel:
         """The largest eigenvalue of the preconditioned Hessian of -log p, S H S, at ``theta``,
         averaged over ``batches`` minibatches (one minibatch's Hessian over-estimates the
         largest eigenvalue): power iteration on Hessian-vector products."""
-        return self._largest_curvature(theta, scale, rng, self._batch_indices(rng, batches))
-
-    def _largest_curvature(self, theta, scale, rng, batch_idx, iterations: int = 20) -> float:
-        hessian = self._averaged_hessian(theta, batch_idx)
-        return _power_iteration(
-            lambda v: scale * hessian(scale * v), rng.standard_normal(self.dim), iterations
-        )
+        hessian = self._averaged_hessian(theta, self._batch_indices(rng, batches))
+        return _power_iteration(lambda v: scale * hessian(scale * v), rng.standard_normal(self.dim))
 
     def shrinkage_intensity(
         self,
