@@ -62,7 +62,13 @@ in every later one that loaded it, and ``cores=2`` (workers loading the block th
 process compiled) disagreed with ``cores=1`` whenever the cache was cold.
 :func:`deterministic_fastmath` compiles the package's functions with the same flags less
 ``reassoc`` (:data:`FASTMATH`; no slower on the benchmark's problems: their sums over the
-minibatch rows run in the fused kernels). Those kernels (:mod:`pymc_sgmcmc.gather_dot`) keep
+minibatch rows run in the fused kernels), and so do the loops of PyTensor's elemwise, fused
+elemwise (with their reductions), blockwise and random-variable overloads, which take their
+flags elsewhere (:data:`_OVERLOAD_MODULES`). Those kept ``reassoc`` until 2026-11-27: the
+log-likelihood's fused sum over the rows then rounded differently in a worker than in the main
+process on an AVX2 host, in ``minibatch_logp``'s last place (block steps on P1, P3 and the
+covariance samplers at D = 100 timed within this host's +-5 % noise either way, six
+alternated in-process pairs). Those kernels (:mod:`pymc_sgmcmc.gather_dot`) keep
 numba's full fast math for their dot products, with loop lengths the optimiser cannot prove
 constant (``_opaque``): vectorised alike wherever they are optimised.
 """
@@ -79,7 +85,11 @@ import numba
 import numba.np.arrayobj as arrayobj
 import numpy as np
 import pytensor.link.numba.dispatch.basic as numba_dispatch
+import pytensor.link.numba.dispatch.blockwise as numba_blockwise
+import pytensor.link.numba.dispatch.elemwise as numba_elemwise
+import pytensor.link.numba.dispatch.random as numba_random
 import pytensor.link.numba.dispatch.scan as numba_scan
+import pytensor.link.numba.dispatch.vectorize_codegen as numba_vectorize
 from numba.core import types as nbtypes
 from numba.extending import overload
 from pytensor.compile.builders import OpFromGraph
@@ -303,8 +313,17 @@ def lean_cache_wrappers() -> Iterator[None]:
 FASTMATH = frozenset({"arcp", "contract", "afn", "nsz"})
 #: Salts the cache keys of functions compiled with :data:`FASTMATH`: PyTensor keys its numba
 #: cache by ``numba__fastmath`` (a bool), under which these flags would share entries with
-#: the same ops compiled elsewhere with PyTensor's.
-_FASTMATH_SALT = "_sgmcmc-" + "-".join(sorted(FASTMATH))
+#: the same ops compiled elsewhere with PyTensor's. The version retires entries compiled
+#: before the fused-elemwise overloads lost ``reassoc`` too (2: :data:`_OVERLOAD_MODULES`).
+_FASTMATH_SALT = "_sgmcmc2-" + "-".join(sorted(FASTMATH))
+
+#: PyTensor modules whose ``@overload`` implementations (elemwise loops, fused elemwise
+#: loops with their reductions, blockwise, random variables) take their fast-math flags
+#: from ``vectorize_codegen._jit_options``, not from ``numba_njit``. A fused reduction
+#: compiled with ``reassoc`` -- the minibatch log-likelihood's sum over rows -- summed in
+#: another order in a process that loaded the block from numba's cache than in the one that
+#: compiled it (``minibatch_logp`` differed in its last place on an AVX2 host).
+_OVERLOAD_MODULES = (numba_elemwise, numba_blockwise, numba_random)
 
 
 class _SaltedKeys(type(CACHED_SRC_FUNCTIONS)):
@@ -325,11 +344,22 @@ def deterministic_fastmath() -> Iterator[None]:
             fastmath = set(FASTMATH)
         return njit(*args, fastmath=fastmath, **kwargs)
 
+    def jit_options_without_reassoc() -> dict:
+        options = jit_options()
+        if isinstance(options["fastmath"], set) and "reassoc" in options["fastmath"]:
+            options["fastmath"] = set(FASTMATH)
+        return options
+
     registry_type = type(CACHED_SRC_FUNCTIONS)
+    jit_options = numba_vectorize._jit_options
     numba_dispatch._njit = njit_without_reassoc
+    for module in _OVERLOAD_MODULES:
+        module._jit_options = jit_options_without_reassoc
     CACHED_SRC_FUNCTIONS.__class__ = _SaltedKeys
     try:
         yield
     finally:
         numba_dispatch._njit = njit
+        for module in _OVERLOAD_MODULES:
+            module._jit_options = jit_options
         CACHED_SRC_FUNCTIONS.__class__ = registry_type

@@ -486,6 +486,38 @@ def _chain_run(tmp_path, name: str) -> dict:
     return dict(np.load(out))
 
 
+def test_no_fast_math_flags_reorder_sums_while_a_block_compiles(monkeypatch):
+    # Both places PyTensor takes LLVM's fast-math flags from -- numba_njit, and the
+    # elemwise/blockwise/random overloads' _jit_options (whose fused reductions sum the
+    # minibatch log-likelihood over rows) -- give no "reassoc" inside deterministic_fastmath,
+    # and PyTensor's own flags again after it.
+    import pytensor.link.numba.dispatch.basic as numba_basic
+    import pytensor.link.numba.dispatch.blockwise as numba_blockwise
+    import pytensor.link.numba.dispatch.elemwise as numba_elemwise
+    import pytensor.link.numba.dispatch.random as numba_random
+
+    from pymc_sgmcmc.numba_compile import FASTMATH, deterministic_fastmath
+
+    njit_flags = []  # numba.njit's flags, recorded instead of compiling
+
+    def record_njit(*args, fastmath, **kwargs):
+        njit_flags.append(fastmath)
+        return lambda function: function
+
+    monkeypatch.setattr(numba_basic, "_njit", record_njit)
+
+    def flags() -> list[set]:
+        numba_basic.numba_njit(lambda x: x)
+        modules = (numba_elemwise, numba_blockwise, numba_random)
+        return [set(njit_flags.pop())] + [set(m._jit_options()["fastmath"]) for m in modules]
+
+    before = flags()
+    assert all("reassoc" in f for f in before)  # PyTensor's default (numba__fastmath=True)
+    with deterministic_fastmath():
+        assert flags() == [set(FASTMATH)] * 4
+    assert flags() == before
+
+
 def test_a_block_loaded_from_the_cache_draws_what_the_compiling_process_drew(tmp_path):
     # numba caches a block with its callees linked in as copies that LLVM optimises again;
     # the compiling process runs the callees' own code. Under PyTensor's fast math
@@ -493,7 +525,9 @@ def test_a_block_loaded_from_the_cache_draws_what_the_compiling_process_drew(tmp
     # after a few steps (last-place differences amplified): SGLD's on the D = 100 regression
     # from its first draws, SGNHT's (and its kinetic temperature) after ~100 (the case of
     # cores=2 against cores=1 with a cold cache). deterministic_fastmath and the kernels'
-    # opaque loop lengths make the code the same wherever it was optimised.
+    # opaque loop lengths make the code the same wherever it was optimised. (On an AVX2
+    # host the log-likelihood's fused sum over rows still differed in minibatch_logp's last
+    # place while it kept "reassoc": see the test above.)
     compiled = _chain_run(tmp_path, "compiled")  # empty caches: compiles every block
     loaded = _chain_run(tmp_path, "loaded")  # the same caches: loads them
     assert compiled.keys() == loaded.keys() and len(compiled) > 4
