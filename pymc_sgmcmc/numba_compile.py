@@ -339,16 +339,16 @@ def deterministic_fastmath() -> Iterator[None]:
     PyTensor's default fast-math flags, and cache keys of their own."""
     njit = numba_dispatch._njit
 
+    def without_reassoc(fastmath):
+        reorders = isinstance(fastmath, set) and "reassoc" in fastmath
+        return set(FASTMATH) if reorders else fastmath
+
     def njit_without_reassoc(*args, fastmath=None, **kwargs):
-        if isinstance(fastmath, set) and "reassoc" in fastmath:
-            fastmath = set(FASTMATH)
-        return njit(*args, fastmath=fastmath, **kwargs)
+        return njit(*args, fastmath=without_reassoc(fastmath), **kwargs)
 
     def jit_options_without_reassoc() -> dict:
         options = jit_options()
-        if isinstance(options["fastmath"], set) and "reassoc" in options["fastmath"]:
-            options["fastmath"] = set(FASTMATH)
-        return options
+        return {**options, "fastmath": without_reassoc(options["fastmath"])}
 
     registry_type = type(CACHED_SRC_FUNCTIONS)
     jit_options = numba_vectorize._jit_options
