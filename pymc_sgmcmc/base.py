@@ -7,7 +7,7 @@ step-method contract (``PLATFORM_NOTES.md``):
 * it compiles ``block_steps`` integrator steps into one PyTensor ``scan`` whose sequences are
   the minibatch indices, the Gaussian noise and the step sizes, all drawn here, in NumPy, from
   the chain's own generator: runs are reproducible whatever ``cores`` is, and every chain has
-  its own minibatch stream; a block has one compiled length (``block_length``) and every
+  its own minibatch stream; a block has one compiled length (``compiled_length``) and every
   step an ``active`` flag (an inactive step leaves the state unchanged), so a shorter block
   runs padded (numba and C stop at the first padded step, JAX runs them all), and a
   ``logp`` flag: the minibatch log-density at the draw is a lazy branch (``ifelse``) computed
@@ -621,9 +621,22 @@ class SGMCMC(ArrayStepShared):
         """Steps in a full block: the stored draws of ``block_steps`` steps, ``thin`` each."""
         return max(1, self.block_steps // self.thin) * self.thin
 
+    @property
+    def compiled_length(self) -> int:
+        """Steps the block function is compiled for; a block of fewer runs padded.
+
+        numba and C stop at the first padded step, so one length, ``max(block_steps, thin)``,
+        serves every ``thin`` up to ``block_steps``: the adaptation's changes of ``thin`` in
+        ``tune`` cost one padded step per block (at most 0.1 % of the steps at the default
+        ``block_steps``), not a compilation each. Compiled per ``block_length`` instead, a
+        default SGNHT run compiled its block 4-11 times (one per value of ``thin`` in
+        ``tune``). JAX runs every padded step, so its blocks are compiled per
+        ``block_length``."""
+        return self.block_length if self.static_shapes else max(self.block_steps, self.thin)
+
     @_in_model_dtype
     def _block_function(self):
-        """The compiled block of :attr:`block_length` steps and the names of its integrator
+        """The compiled block of :attr:`compiled_length` steps and the names of its integrator
         stats; built on first use.
 
         Every step has an ``active`` flag: an inactive step leaves the state unchanged, so a
@@ -634,7 +647,7 @@ class SGMCMC(ArrayStepShared):
         PyTensor computes the loop's count from the sequences' shapes and slices each of them
         to it, six more ops that numba compiled for 1.0-1.5 s of a cold start (P1 SGLD)."""
         names = self.functions[1]  # compiles the rest first
-        length = self.block_length
+        length = self.compiled_length
         if length in self._block_functions:
             return self._block_functions[length]
         states0, kernel, kwargs = self._block_graph_inputs
@@ -1209,7 +1222,7 @@ class SGMCMC(ArrayStepShared):
         h = np.asarray(self.step_sizes(step_index), dtype=self.dtype)
         indices = self.sg_model.draw_indices(self.rng, n_steps)
         noise = self.rng.standard_normal((n_steps, self.noise_vectors, self.dim), dtype=self.dtype)
-        length = self.block_length  # one compiled length: shorter blocks are padded
+        length = self.compiled_length  # shorter blocks are padded
         block_fn, stat_names = self._block_function()
         checked, stored_steps = self._logp_steps(n_steps)
         wanted = np.zeros(n_steps, dtype=bool)

@@ -283,6 +283,23 @@ def test_a_short_block_runs_one_padded_step_and_no_more(monkeypatch):
     assert not idata.sample_stats["diverging"].any()
 
 
+def test_a_thin_adapted_in_tune_reuses_the_one_compiled_block():
+    # The adaptation changes thin at the end of every window, and with it the steps of a
+    # full block (block_steps // thin draws of thin steps); the block is compiled for
+    # block_steps steps and runs the others padded, so the run compiles it once (a block
+    # per length compiled 4-11 of them in a default tune, 2.6x the cold run's time).
+    with small_problem().model():
+        step = SGLD()
+        idata = pm.sample(
+            draws=20, tune=300, step=step, chains=1, random_seed=5, discard_tuned_samples=False,
+            progressbar=False, compute_convergence_checks=False,
+        )  # fmt: skip
+    thins = np.unique(idata.warmup_sample_stats["thin"].values)
+    block_lengths = {(step.block_steps // t) * t for t in thins}
+    assert len(block_lengths) > 1, f"thin must change the block length here: {thins}"
+    assert list(step._block_functions) == [step.compiled_length] == [step.block_steps]
+
+
 def test_the_block_loop_is_compiled_without_pytensors_storage_epilogue(monkeypatch):
     # A block's traces fill their storage (n_steps rows, a constant), so PyTensor's epilogue
     # after the loop (putting a circular buffer's rows in order, cutting a while loop's
@@ -298,7 +315,7 @@ def test_the_block_loop_is_compiled_without_pytensors_storage_epilogue(monkeypat
     block_fn, _ = step._block_function()
     (node,) = [n for n in block_fn.maker.fgraph.apply_nodes if isinstance(n.op, Scan)]
     assert node.op.name == nc.BLOCK_SCAN_NAME and node.op.info.as_while
-    assert node.inputs[0].data == step.block_length == 20
+    assert node.inputs[0].data == step.compiled_length == step.block_length == 20
     assert nc._traces_fill_their_storage(node.op, node)
     sources = []
     compile_src = numba_scan.compile_numba_function_src
