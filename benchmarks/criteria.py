@@ -24,6 +24,7 @@ rows need the ``bench`` extra, which the target installs).
 
 from __future__ import annotations
 
+import argparse
 import json
 import sys
 import tempfile
@@ -291,10 +292,22 @@ def cores_child() -> None:
     print(json.dumps({"lines": table, "ratios": ratios}))
 
 
+def parse_arguments(argv: list[str]) -> argparse.Namespace:
+    """The command line: no options of its own (``--help`` prints the module's description);
+    the two child modes are for this script's own fresh processes."""
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--p4-child", choices=P4_SAMPLERS, help=argparse.SUPPRESS)
+    parser.add_argument("--cores-child", action="store_true", help=argparse.SUPPRESS)
+    return parser.parse_args(argv)
+
+
 if __name__ == "__main__":
-    if len(sys.argv) == 3 and sys.argv[1] == "--p4-child":
-        p4_child(sys.argv[2])
-    elif sys.argv[1:] == ["--cores-child"]:
+    arguments = parse_arguments(sys.argv[1:])
+    if arguments.p4_child:
+        p4_child(arguments.p4_child)
+    elif arguments.cores_child:
         cores_child()
     else:
         main()

@@ -25,6 +25,7 @@ for some of the sections p1, lowrank, mnist:
 
 from __future__ import annotations
 
+import argparse
 import platform
 import sys
 import time
@@ -242,7 +243,13 @@ def main() -> None:
         "",
     ]
     tables = {"p1": regression_table, "lowrank": lowrank_table, "mnist": mnist_table}
-    chosen = sys.argv[1:] or list(tables)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument(
+        "sections", nargs="*", choices=list(tables), help="run only these (default: all)"
+    )
+    chosen = parser.parse_args().sections or list(tables)
     for key in chosen:
         tables[key](lines)
     suffix = "" if chosen == list(tables) else "_" + "_".join(chosen)

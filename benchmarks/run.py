@@ -14,10 +14,10 @@ Writes ``benchmarks/results.md``. Run: ``make bench``.
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import platform
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -163,7 +163,13 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    if len(sys.argv) == 3 and sys.argv[1] == "--first-draw":
-        print(json.dumps({"seconds": time_to_first_draw(sys.argv[2])}))
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    # The child mode of the first-draw timing: one fresh process per measurement.
+    parser.add_argument("--first-draw", metavar="SAMPLER", help=argparse.SUPPRESS)
+    arguments = parser.parse_args()
+    if arguments.first_draw:
+        print(json.dumps({"seconds": time_to_first_draw(arguments.first_draw)}))
     else:
         main()
