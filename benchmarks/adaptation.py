@@ -13,7 +13,6 @@ Run: ``.venv/bin/python benchmarks/adaptation.py [--quick] [--samplers NAME ...]
 
 from __future__ import annotations
 
-import argparse
 import platform
 import sys
 import time
@@ -27,6 +26,7 @@ HERE = Path(__file__).parent
 sys.path.insert(0, str(HERE.parent / "tests"))
 
 from adaptation_models import MODELS, errors, moments_of, reference  # noqa: E402
+from report import script_parser  # noqa: E402
 
 from pymc_sgmcmc import MSGLD, NOGIN, SGHMC, SGLD, SGNHT, CCAdL, MCCAdL  # noqa: E402
 
@@ -75,7 +75,7 @@ def describe(name, model, step, draws, tune, ref, seed):
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__)
+    parser = script_parser(__doc__)
     parser.add_argument("--quick", action="store_true", help="fewer draws, two samplers")
     parser.add_argument(
         "--samplers", nargs="+", choices=list(SAMPLERS), help="rerun only these; keep other rows"

@@ -21,7 +21,6 @@ Run: ``.venv/bin/python benchmarks/covariance.py [cost] [accuracy]`` (default bo
 
 from __future__ import annotations
 
-import argparse
 import sys
 import time
 import warnings
@@ -39,7 +38,7 @@ HERE = Path(__file__).parent
 sys.path.insert(0, str(HERE.parent / "tests"))
 
 from models import GaussianRegression  # noqa: E402
-from report import header  # noqa: E402
+from report import header, script_parser  # noqa: E402
 from scipy.linalg import sqrtm  # noqa: E402
 
 from pymc_sgmcmc import MSGLD, NOGIN, SGHMC, SGLD, SGNHT, CCAdL, MCCAdL  # noqa: E402
@@ -265,7 +264,7 @@ def main():
         "",
     ]
     tables = {"cost": cost_table, "accuracy": accuracy_table}
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser = script_parser(__doc__)
     parser.add_argument(
         "tables", nargs="*", choices=list(tables), help="which tables to rerun (default: both)"
     )

@@ -42,7 +42,7 @@ import suite  # noqa: E402
 from compile_caches import compile_cache_env  # noqa: E402
 from engine import cores_table  # noqa: E402
 from problems import make_problem, reference  # noqa: E402
-from report import child_result, header, load_average  # noqa: E402
+from report import child_result, header, load_average, script_parser  # noqa: E402
 
 #: ``suite.py``'s command line for section 1.
 SUITE_ARGUMENTS = "--problems P1 P3 --samplers SGLD SGNHT --baselines numpy blackjax --cold none"
@@ -295,9 +295,7 @@ def cores_child() -> None:
 def parse_arguments(argv: list[str]) -> argparse.Namespace:
     """The command line: no options of its own (``--help`` prints the module's description);
     the two child modes are for this script's own fresh processes."""
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
+    parser = script_parser(__doc__)
     parser.add_argument("--p4-child", choices=P4_SAMPLERS, help=argparse.SUPPRESS)
     parser.add_argument("--cores-child", action="store_true", help=argparse.SUPPRESS)
     return parser.parse_args(argv)

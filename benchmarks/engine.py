@@ -29,7 +29,6 @@ Run: ``.venv/bin/python benchmarks/engine.py [steps] [cores] [first-draw] [per-d
 
 from __future__ import annotations
 
-import argparse
 import logging
 import os
 import sys
@@ -48,7 +47,7 @@ HERE = Path(__file__).parent
 sys.path.insert(0, str(HERE))
 
 from problems import Problem, make_problem  # noqa: E402
-from report import machine, versions  # noqa: E402
+from report import machine, script_parser, versions  # noqa: E402
 
 #: Step sizes that keep each problem's chain near its start (stable, no divergence): the
 #: cost of a step does not depend on them.
@@ -359,7 +358,7 @@ def first_draw_table(problems: list[str]) -> list[str]:
 
 
 def main(argv: list[str]) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser = script_parser(__doc__)
     parser.add_argument("what", nargs="*", default=["steps", "cores", "first-draw"])
     parser.add_argument("--problems", nargs="+", default=["P1", "P3"])
     parser.add_argument("--thin", type=int, default=10)

@@ -36,7 +36,6 @@ one CPU core busy, the numba part the others)::
 
 from __future__ import annotations
 
-import argparse
 import json
 import statistics
 import subprocess
@@ -54,7 +53,7 @@ HERE = Path(__file__).parent
 sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parent / "tests"))
 
-from report import machine, versions  # noqa: E402
+from report import machine, script_parser, versions  # noqa: E402
 
 SAMPLERS = ("SGLD", "SGNHT", "mCCAdL", "NOGIN")
 #: (problem, samplers) measured in both parts.
@@ -375,7 +374,7 @@ def report(folder: Path) -> list[str]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = script_parser(__doc__)
     parser.add_argument("part", choices=("jax", "numba", "report"))
     parser.add_argument("folder", nargs="?", type=Path, default=None)
     parser.add_argument("--out", type=Path, default=Path("."))

@@ -14,7 +14,6 @@ Run: ``.venv/bin/python benchmarks/head_to_head.py [--problems P1 P3] [--rounds 
 
 from __future__ import annotations
 
-import argparse
 import sys
 import warnings
 from pathlib import Path
@@ -56,7 +55,7 @@ def one_round(key: str, cfg: suite.Config) -> dict[str, float]:
 
 
 def main(argv: list[str]) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser = report.script_parser(__doc__)
     parser.add_argument("--problems", nargs="+", default=["P1", "P3"])
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--budget", type=float, default=5.0, help="seconds per method and round")

@@ -15,7 +15,6 @@ older checkout of the package put first on ``PYTHONPATH``, to compare two versio
 
 from __future__ import annotations
 
-import argparse
 import sys
 import time
 import warnings
@@ -32,6 +31,7 @@ sys.path.insert(0, str(HERE))
 
 from engine import STEP_SIZES, cpu_us_per_step  # noqa: E402
 from problems import make_problem  # noqa: E402
+from report import script_parser  # noqa: E402
 
 BLOCK_STEPS = 1000
 
@@ -57,7 +57,7 @@ def measure(name: str, mode: str | None, repeats: int) -> tuple[float, float]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = script_parser(__doc__)
     parser.add_argument("--modes", nargs="+", default=["default", "JAX"])
     parser.add_argument("--repeats", type=int, default=5)
     args = parser.parse_args()

@@ -25,7 +25,6 @@ for some of the sections p1, lowrank, mnist:
 
 from __future__ import annotations
 
-import argparse
 import platform
 import sys
 import time
@@ -42,6 +41,7 @@ sys.path.insert(0, str(HERE.parent / "examples"))
 from covariance import run, w2_gaussian  # noqa: E402
 from mnist_logistic import build_model, load_projected  # noqa: E402
 from models import GaussianRegression  # noqa: E402
+from report import script_parser  # noqa: E402
 
 from pymc_sgmcmc import NOGIN, CCAdL, MCCAdL  # noqa: E402
 
@@ -243,9 +243,7 @@ def main() -> None:
         "",
     ]
     tables = {"p1": regression_table, "lowrank": lowrank_table, "mnist": mnist_table}
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
+    parser = script_parser(__doc__)
     parser.add_argument(
         "sections", nargs="*", choices=list(tables), help="run only these (default: all)"
     )

@@ -63,9 +63,17 @@ def header(title: str) -> list[str]:
     ]
 
 
+def script_parser(doc: str) -> argparse.ArgumentParser:
+    """The command-line parser of a benchmark script: ``--help`` prints its docstring ``doc``
+    as written (what it measures, how long it takes, which file it writes)."""
+    return argparse.ArgumentParser(
+        description=doc, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+
+
 def output_path(doc: str) -> Path | None:
     """The ``--output FILE`` option of a benchmark script whose docstring is ``doc``."""
-    parser = argparse.ArgumentParser(description=doc.splitlines()[0])
+    parser = script_parser(doc)
     parser.add_argument("--output", type=Path, default=None, help="also write the table here")
     return parser.parse_args().output
 

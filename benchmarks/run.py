@@ -24,7 +24,7 @@ from pathlib import Path
 
 import numpy as np
 from compile_caches import compile_cache_env
-from report import child_result
+from report import child_result, script_parser
 
 HERE = Path(__file__).parent
 N, D, BATCH, PRIOR_VAR, EPS = 10_000, 100, 500, 10.0, 1e-4
@@ -163,9 +163,7 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
+    parser = script_parser(__doc__)
     # The child mode of the first-draw timing: one fresh process per measurement.
     parser.add_argument("--first-draw", metavar="SAMPLER", help=argparse.SUPPRESS)
     arguments = parser.parse_args()

@@ -42,7 +42,6 @@ Writes ``benchmarks/suite_results.md`` and ``.json``. Run: ``make bench-suite`` 
 
 from __future__ import annotations
 
-import argparse
 import json
 import logging
 import os
@@ -64,7 +63,7 @@ sys.path.insert(0, str(HERE))
 
 from compile_caches import compile_cache_env  # noqa: E402
 from problems import PROBLEMS, Problem, Reference, make_problem, reference  # noqa: E402
-from report import child_result, load_average, machine, versions  # noqa: E402
+from report import child_result, load_average, machine, script_parser, versions  # noqa: E402
 
 SAMPLERS = ("SGLD", "mSGLD", "SGHMC", "SGNHT", "CCAdL", "mCCAdL", "NOGIN")
 #: Options beyond the papers, run only when named in ``--samplers``: the moving average of
@@ -766,7 +765,7 @@ def write_report(cfg: Config, all_rows, infos, header: dict, path: Path) -> None
 
 
 def parse_args(argv: list[str]) -> tuple[Config, Path | None]:
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p = script_parser(__doc__)
     p.add_argument("--quick", action="store_true", help="fast smoke run (short budgets)")
     p.add_argument("--problems", nargs="+", default=None, choices=PROBLEMS)
     p.add_argument("--samplers", nargs="+", default=None, choices=[*SAMPLERS, *VARIANTS])

@@ -34,6 +34,7 @@ import numpy as np
 HERE = Path(__file__).parent
 sys.path.insert(0, str(HERE.parent / "tests"))
 
+from report import script_parser  # noqa: E402
 from weak_order import (  # noqa: E402
     LINEAR_SCHEMES,
     DivergenceError,
@@ -305,9 +306,7 @@ def report(measured: dict, seconds: float) -> str:
 
 def parse_arguments(argv: list[str]) -> argparse.Namespace:
     """``--quick`` and scheme names, checked against the schemes of :data:`GROUPS`."""
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
+    parser = script_parser(__doc__)
     parser.add_argument(
         "--quick", action="store_true", help="a tenth of the draws (the file is not written)"
     )
