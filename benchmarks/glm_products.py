@@ -68,8 +68,10 @@ def force_pass(x, y, idx, w, r, force):
 @numba.njit(fastmath=True)
 def weighted_gram(x, idx, r, mean, v, out):
     """``sum_i (r_i x_i . v - m . v) r_i x_i`` with the rows read from the data in place, four
-    at a time (``_centred_gram``'s loop with a weight per row). The centring needs no second
-    term: the weights ``r_i x_i . v - m . v`` sum to zero."""
+    at a time (``_centred_gram``'s loop with a weight per row; the dot products of
+    :func:`force_pass` written out again, not shared, as in the project's kernels: see
+    ``gather_dot._GLM_KERNEL``). The centring needs no second term: the weights
+    ``r_i x_i . v - m . v`` sum to zero."""
     n, d = idx.shape[0], x.shape[1]
     c = 0.0
     for j in range(d):
