@@ -68,9 +68,14 @@ def build_model(y: np.ndarray, batch_size: int) -> pm.Model:
     return model
 
 
-def exact_moments(y: np.ndarray, points: int = 1201) -> dict[str, list[float]]:
+def exact_moments(y: np.ndarray, points: int = 201) -> dict[str, list[float]]:
     """Posterior mean and variance of (mu1, mu2) by quadrature on a grid covering every point
-    within 200 nats of the mode (the density at the grid's edge is below 1e-40 of its peak)."""
+    within 200 nats of the mode (the density at the grid's edge is below 1e-40 of its peak).
+
+    The rule on a uniform grid converges geometrically for a smooth density that vanishes at the
+    edges: 151, 201, 301, 401 and 1,201 points per axis give the same means and variances to
+    13 significant digits (measured 2026-11-28), so 201 points (a spacing of 0.0175, a tenth of
+    the smaller posterior sd) cost 1.3 s where 1,201 cost 51 s."""
     grid = np.linspace(-1.5, 2.0, points)
     m1, m2 = np.meshgrid(grid, grid, indexing="ij")
     logw = np.log(WEIGHTS)
