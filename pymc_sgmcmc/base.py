@@ -54,7 +54,6 @@ from pymc_sgmcmc.gather_dot import with_gather_dot
 from pymc_sgmcmc.gram_product import with_covariance_kernels
 from pymc_sgmcmc.jax_compile import DeviceData, for_jax
 from pymc_sgmcmc.model_layer import (
-    ONE_OFF_MODE,
     SHRINKAGE_TARGETS,
     ControlVariate,
     DenseCovariance,
@@ -69,6 +68,7 @@ from pymc_sgmcmc.numba_compile import (
     lean_cache_wrappers,
     plain_assignment_errors,
 )
+from pymc_sgmcmc.python_mode import ONE_OFF_MODE
 from pymc_sgmcmc.runaway import (
     STRIDE,
     runaway_flags,

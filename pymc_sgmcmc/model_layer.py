@@ -53,6 +53,7 @@ from pymc_sgmcmc.krylov import (
     reads_single_precision_rows,
 )
 from pymc_sgmcmc.numba_compile import deterministic_fastmath
+from pymc_sgmcmc.python_mode import ONE_OFF_MODE
 
 __all__ = [
     "ControlVariate",
@@ -67,11 +68,6 @@ __all__ = [
     "ShrunkCovariance",
     "ledoit_wolf_statistics",
 ]
-
-#: Compilation mode of the functions run once or a few times per chain (a chain start, the
-#: geometry and step-size checks): Python's perform runs them in well under a second, where
-#: numba would compile each for seconds on a cold start.
-ONE_OFF_MODE = "FAST_COMPILE"
 
 
 class ModelError(ValueError):

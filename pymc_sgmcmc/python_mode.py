@@ -1,0 +1,85 @@
+"""The compilation mode of functions run once or a few times per chain.
+
+A chain start, the factorisation check, the geometry and step-size checks each run a helper
+function a handful of times, so it is compiled in PyTensor's ``FAST_COMPILE`` mode: the graph is
+not compiled to machine code and each node runs its Python ``perform``, in well under a second
+where numba would compile it for seconds on a cold start.
+
+In that mode an ``Elemwise`` whose scalar op has no NumPy ufunc (no ``nfunc_spec``) runs the
+scalar op's Python ``impl`` once per element, through ``np.frompyfunc``: about 1 µs per element.
+``pt.softplus``, the hidden layer of a neural network or an RBM, is one of them: on the DRBM
+example's minibatch (1,000 rows x 100 hidden units x 26 classes) one call of the factorisation
+check's function took 5.2 s, nearly all of it in ``Softplus.impl``, and 0.33 s once rewritten
+(``docs/performance.md``, "The one-off functions"). The rewrite here, included only in
+:data:`ONE_OFF_MODE`, writes those ops as compositions of ops that do have ufuncs, so that NumPy
+runs each over the whole array.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytensor.tensor as pt
+from pytensor.compile import optdb
+from pytensor.compile.mode import get_mode
+from pytensor.graph.basic import Apply, Variable
+from pytensor.graph.rewriting.basic import in2out, node_rewriter
+from pytensor.scalar.basic import Clip, Identity, Second
+from pytensor.scalar.math import Log1mexp, Softplus
+from pytensor.tensor.elemwise import Elemwise
+from pytensor.tensor.extra_ops import broadcast_shape
+
+__all__ = ["ONE_OFF_MODE"]
+
+TAG = "sgmcmc_ufunc_elemwise"
+
+
+def _softplus(x: Variable) -> Variable:
+    # log(1 + e^x) = max(x, 0) + log1p(e^-|x|): exp never overflows, and log1p keeps e^x's
+    # relative accuracy where x is very negative (Softplus.impl's own branches do the same).
+    return pt.maximum(x, 0) + pt.log1p(pt.exp(-pt.abs(x)))
+
+
+def _log1mexp(x: Variable) -> Variable:
+    # log(1 - e^x) for x <= 0, Maechler's two branches (as Log1mexp.impl): log1p(-e^x) away
+    # from 0, log(-expm1(x)) near it, each accurate where the other cancels.
+    return pt.switch(x < -math.log(2.0), pt.log1p(-pt.exp(x)), pt.log(-pt.expm1(x)))
+
+
+def _clip(x: Variable, low: Variable, high: Variable) -> Variable:
+    return pt.minimum(pt.maximum(x, low), high)
+
+
+def _second(x: Variable, y: Variable) -> Variable:
+    # y broadcast to the shape of x and y together (only x's shape is used: ``fill``).
+    return pt.alloc(y, *broadcast_shape(x, y))
+
+
+_UFUNC_FORMS = {Softplus: _softplus, Log1mexp: _log1mexp, Clip: _clip, Second: _second}
+
+
+@node_rewriter([Elemwise])
+def ufunc_elemwise(fgraph, node: Apply) -> list[Variable] | None:
+    """An ``Elemwise`` of a scalar op without a NumPy ufunc, rewritten as ops with ufuncs."""
+    scalar_op = node.op.scalar_op
+    (out,) = node.outputs
+    if isinstance(scalar_op, Identity):
+        return [node.inputs[0]] if node.inputs[0].type == out.type else None
+    form = _UFUNC_FORMS.get(type(scalar_op))
+    if form is None:
+        return None
+    inputs = node.inputs
+    if not isinstance(scalar_op, Second):
+        # Computed in the output's float type, as the scalar op computes it.
+        inputs = [pt.cast(i, out.dtype) for i in inputs]
+    new = pt.cast(form(*inputs), out.dtype)
+    return [out.type.filter_variable(new, allow_convert=True)]
+
+
+# Just before the "py_only" rewrites (49.1), after the graph's canonical rewrites; included
+# only where the tag is (``ONE_OFF_MODE``), so no other user of FAST_COMPILE is affected.
+optdb.register("ufunc_elemwise", in2out(ufunc_elemwise), TAG, position=49.05)
+
+#: Compilation mode of the functions run once or a few times per chain: ``FAST_COMPILE``
+#: (no compilation to machine code) with every elementwise op run by a NumPy ufunc.
+ONE_OFF_MODE = get_mode("FAST_COMPILE").including(TAG)

@@ -1,0 +1,76 @@
+"""The one-off functions' mode: Python's perform, with every elementwise op run by a ufunc."""
+
+import numpy as np
+import pymc as pm
+import pytensor
+import pytensor.tensor as pt
+import pytest
+from pytensor.scalar import Cast
+from pytensor.tensor.elemwise import Elemwise
+
+from pymc_sgmcmc.model_layer import SGModel
+from pymc_sgmcmc.python_mode import ONE_OFF_MODE
+
+
+def per_element_python_ops(fn) -> list[str]:
+    """The elementwise ops of a compiled function that Python's perform runs one element at a
+    time (``np.frompyfunc`` on the scalar op's ``impl``): those without a NumPy ufunc. Casts are
+    run by ``astype``."""
+    return [
+        type(node.op.scalar_op).__name__
+        for node in fn.maker.fgraph.apply_nodes
+        if isinstance(node.op, Elemwise)
+        and getattr(node.op.scalar_op, "nfunc_spec", None) is None
+        and not isinstance(node.op.scalar_op, Cast)
+    ]
+
+
+@pytest.mark.parametrize("dtype", ["float64", "float32"])
+def test_ops_without_ufuncs_are_rewritten_to_the_same_values(dtype):
+    x = pt.vector("x", dtype=dtype)
+    rows = pt.matrix("rows", dtype=dtype)
+    outputs = [
+        pt.softplus(x),
+        pt.softplus(rows),
+        pt.log1mexp(-pt.abs(x)),
+        pt.clip(x, -1.0, 2.0),
+        pt.second(rows, x),
+        pt.tensor_copy(x),
+    ]
+    plain = pytensor.function([x, rows], outputs, mode="FAST_COMPILE")
+    one_off = pytensor.function([x, rows], outputs, mode=ONE_OFF_MODE)
+    assert per_element_python_ops(plain)  # what the rewrite is for
+    assert per_element_python_ops(one_off) == []
+
+    # Each branch of Softplus.impl and Log1mexp.impl (-37, 18, 33.3; -log 2), the overflow
+    # range of exp, 0 itself and the non-finite values.
+    values = [-800, -40, -37.5, -20, -0.7, -1e-8, 0, 1e-8, 0.3, 17.9, 18.1, 33, 40, 800]
+    values = np.array([*values, np.inf, -np.inf, np.nan], dtype=dtype)
+    matrix = np.stack([values, values[::-1], 2 * values])
+    for expected, got in zip(plain(values, matrix), one_off(values, matrix), strict=True):
+        assert got.dtype == expected.dtype and got.shape == expected.shape
+        np.testing.assert_allclose(got, expected, rtol=4 * np.finfo(dtype).eps, equal_nan=True)
+
+
+def test_a_softplus_network_gets_its_one_off_functions_without_per_element_python():
+    """A one-hidden-layer network (the DRBM example's softplus): the chain-start and check
+    functions of the model layer run every elementwise op through NumPy, and agree with the
+    numba-compiled graph."""
+    rng = np.random.default_rng(3)
+    X = rng.standard_normal((300, 4))
+    y = (X[:, 0] - X[:, 1] > 0).astype("int32")
+    with pm.Model() as model:
+        X_mb, y_mb = pm.Minibatch(X, y, batch_size=50)
+        W = pm.Normal("W", 0, 1, shape=(4, 8))
+        v = pm.Normal("v", 0, 1, shape=8)
+        pm.Bernoulli("y", logit_p=pt.softplus(X_mb @ W) @ v, observed=y_mb, total_size=300)
+        sg = SGModel(model, model.value_vars)
+    sg.check_factorisation()
+    hvp_fn, rows_fn = sg._geometry_functions
+    assert per_element_python_ops(hvp_fn) == []
+    assert per_element_python_ops(rows_fn) == []
+
+    numba_rows = sg._function([sg.theta, *sg.indices], sg.per_observation_gradients)
+    theta = 0.3 * rng.standard_normal(sg.dim)
+    idx = rng.integers(0, 300, size=50)
+    np.testing.assert_allclose(rows_fn(theta, idx), numba_rows(theta, idx), rtol=1e-9)
