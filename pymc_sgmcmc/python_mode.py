@@ -62,12 +62,13 @@ _UFUNC_FORMS = {Softplus: _softplus, Log1mexp: _log1mexp, Clip: _clip, Second: _
 def ufunc_elemwise(fgraph, node: Apply) -> list[Variable] | None:
     """An ``Elemwise`` of a scalar op without a NumPy ufunc, rewritten as ops with ufuncs."""
     scalar_op = node.op.scalar_op
-    (out,) = node.outputs
-    if isinstance(scalar_op, Identity):
+    if type(scalar_op) is Identity:
+        (out,) = node.outputs
         return [node.inputs[0]] if node.inputs[0].type == out.type else None
     form = _UFUNC_FORMS.get(type(scalar_op))
-    if form is None:
+    if form is None:  # any other op, multi-output ones (a ScalarLoop) included
         return None
+    (out,) = node.outputs
     inputs = node.inputs
     if not isinstance(scalar_op, Second):
         # Computed in the output's float type, as the scalar op computes it.

@@ -52,6 +52,17 @@ def test_ops_without_ufuncs_are_rewritten_to_the_same_values(dtype):
         np.testing.assert_allclose(got, expected, rtol=4 * np.finfo(dtype).eps, equal_nan=True)
 
 
+def test_ops_with_several_outputs_are_left_as_they_are():
+    """The gradient of ``gammainc`` is an elementwise loop with several outputs."""
+    x = pt.vector("x")
+    gradient = pt.grad(pt.gammainc(x, 2.0).sum(), x)
+    values = np.array([0.5, 1.0, 3.0])
+    expected = pytensor.function([x], gradient, mode="FAST_COMPILE")(values)
+    with pytensor.config.change_flags(on_opt_error="raise"):
+        one_off = pytensor.function([x], gradient, mode=ONE_OFF_MODE)
+    np.testing.assert_array_equal(one_off(values), expected)
+
+
 def test_a_softplus_network_gets_its_one_off_functions_without_per_element_python():
     """A one-hidden-layer network (the DRBM example's softplus): the chain-start and check
     functions of the model layer run every elementwise op through NumPy, and agree with the
