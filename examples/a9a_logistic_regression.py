@@ -6,12 +6,12 @@ training rows through ``pm.Minibatch``. (No separate intercept: a9a's one-hot gr
 to one per row, so an intercept would be collinear with them.) Prints ``az.summary``, the test
 accuracy of the posterior predictive, and saves a trace plot in ``examples/output/``.
 
-Run: ``make example`` (or ``.venv/bin/python examples/a9a_logistic_regression.py [--quick]``).
+Run: ``make example`` (or ``.venv/bin/python examples/a9a_logistic_regression.py [--quick]
+[--output-dir DIR]``); ``tests/test_examples.py`` runs the quick mode.
 """
 
 from __future__ import annotations
 
-import argparse
 import time
 from pathlib import Path
 
@@ -21,14 +21,15 @@ import matplotlib
 matplotlib.use("Agg")
 import numpy as np
 import pymc as pm
+from _common import OUTPUT_ROOT, parse_args
 from _data import load
 
 from pymc_sgmcmc import SGNHT
 
-OUT = Path(__file__).parent / "output"
 
-
-def main(quick: bool = False) -> None:
+def main(quick: bool = False, output_dir: str | Path | None = None) -> dict[str, float]:
+    """Sample, print the summaries and save the trace plot in ``output_dir`` (default
+    ``examples/output``); returns the test accuracy, the divergence count and the wall time."""
     data = load("a9a")
     X, y = data["X_train"].astype(float), data["y_train"].astype(float)
     X_test, y_test = data["X_test"].astype(float), data["y_test"]
@@ -61,19 +62,20 @@ def main(quick: bool = False) -> None:
     draws = idata.posterior
     w_draws = draws["w"].values.reshape(-1, n_features)
     prob = 1.0 / (1.0 + np.exp(-(X_test @ w_draws.T)))
-    accuracy = np.mean((prob.mean(axis=1) > 0.5) == y_test)
+    accuracy = float(np.mean((prob.mean(axis=1) > 0.5) == y_test))
+    divergences = int(idata.sample_stats["diverging"].sum())
     steps = (idata.posterior.sizes["draw"] + idata.attrs.get("tuning_steps", 0)) * step.thin
     print(f"\ntest accuracy of the posterior predictive: {accuracy:.4f}")
-    print(f"divergences: {int(idata.sample_stats['diverging'].sum())}")
+    print(f"divergences: {divergences}")
     print(f"pm.sample wall time (compile included): {elapsed:.1f} s for 2 chains x {steps} steps")
 
-    OUT.mkdir(exist_ok=True)
+    out = Path(output_dir) if output_dir is not None else OUTPUT_ROOT
+    out.mkdir(parents=True, exist_ok=True)
     plot = az.plot_trace_dist(idata, var_names=["prior_scale", "w"], coords={"feature": [0, 1, 2]})
-    plot.savefig(OUT / "a9a_trace.png")
-    print(f"trace plot: {OUT / 'a9a_trace.png'}")
+    plot.savefig(out / "a9a_trace.png")
+    print(f"trace plot: {out / 'a9a_trace.png'}")
+    return {"accuracy": accuracy, "divergences": divergences, "seconds": elapsed}
 
 
 if __name__ == "__main__":
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="small budget, same code path")
-    main(**vars(parser.parse_args()))
+    main(**parse_args(__doc__))
