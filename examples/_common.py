@@ -43,7 +43,7 @@ def parse_args(doc: str) -> dict[str, Any]:
         "--quick", action="store_true", help="tiny budget, same code path (used by the tests)"
     )
     parser.add_argument(
-        "--output-dir", default=None, help="write here instead of examples/output/<example>"
+        "--output-dir", default=None, help="write here instead of under examples/output"
     )
     args = parser.parse_args()
     return {"quick": args.quick, "output_dir": args.output_dir}
