@@ -1,10 +1,10 @@
 """Covariance operators: the three forms, the damping solves and the exp(t Sigma) v product."""
 
 import numpy as np
-import pytensor
 import pytensor.tensor as pt
 import pytest
 import scipy.linalg
+from python_backend import python_function
 
 from pymc_sgmcmc.model_layer import DenseCovariance, DiagonalCovariance, NoiseCovariance
 
@@ -24,7 +24,7 @@ def test_forms_agree_with_np_cov(n_rows, dim):
     for form in ("lowrank", "full", "diag"):
         c = cov.as_form(form)
         outputs += [c.matvec(v), c.trace(), c.diagonal()]
-    fn = pytensor.function([G, v], outputs)
+    fn = python_function([G, v], outputs)
     g, vec = rng.standard_normal((n_rows, dim)), rng.standard_normal(dim)
     # Rows scaled by N/n: Sigma = (N^2/n) V = n np.cov(scaled rows).
     sigma = n_rows * np.cov(g.T)
@@ -49,7 +49,7 @@ def test_preconditioned_estimate_is_s_sigma_s(n_rows, dim):
     G, v, s = pt.matrix("G"), pt.vector("v"), pt.vector("s")
     cov = NoiseCovariance(G, dim, n_rows).scaled(s).scaled(2.0 * pt.ones(dim))
     alpha, b = 1.3, 0.02
-    fn = pytensor.function(
+    fn = python_function(
         [G, v, s],
         [
             cov.matvec(v),
@@ -81,7 +81,7 @@ def test_damping_solves_match_dense_solve(n_rows, dim):
     G, v = pt.matrix("G"), pt.vector("v")
     cov = NoiseCovariance(G, dim, n_rows)
     alpha, b = 1.3, 0.02
-    fn = pytensor.function(
+    fn = python_function(
         [G, v], [cov.solve_shifted(alpha, b, v), cov.solve_shifted_cg(alpha, b, v, 60)]
     )
     g, vec = 3 * rng.standard_normal((n_rows, dim)), rng.standard_normal(dim)
@@ -106,7 +106,7 @@ def test_expm_matvec_meets_its_error_bound(n_rows, dim, tolerance):
     rng = np.random.default_rng(2)
     G, v, scale = pt.matrix("G"), pt.vector("v"), pt.scalar("scale")
     result, products = NoiseCovariance(G, dim, n_rows).expm_matvec(scale, v, tolerance, 200)
-    fn = pytensor.function([G, v, scale], [result, products])
+    fn = python_function([G, v, scale], [result, products])
     g, vec = rng.standard_normal((n_rows, dim)), rng.standard_normal(dim)
     sigma = sample_covariance(g)
     top = np.linalg.eigvalsh(sigma).max()
@@ -128,7 +128,7 @@ def test_expm_matvec_of_the_diagonal_form_is_exact():
     G, v, scale = pt.matrix("G"), pt.vector("v"), pt.scalar("scale")
     result, products = NoiseCovariance(G, 8, 30).as_form("diag").expm_matvec(scale, v)
     g, vec = rng.standard_normal((30, 8)), rng.standard_normal(8)
-    out, count = pytensor.function([G, v, scale], [result, products])(g, vec, -0.7)
+    out, count = python_function([G, v, scale], [result, products])(g, vec, -0.7)
     expected = scipy.linalg.expm(-0.7 * np.diag(np.diag(sample_covariance(g)))) @ vec
     np.testing.assert_allclose(out, expected, rtol=1e-12)
     assert count == 0
@@ -141,7 +141,7 @@ def test_expm_matvec_at_the_cap_keeps_accurate_products_only():
     rng = np.random.default_rng(4)
     G, v, scale = pt.matrix("G"), pt.vector("v"), pt.scalar("scale")
     cov = NoiseCovariance(G, 50, 200)
-    fn = pytensor.function(
+    fn = python_function(
         [G, v, scale], [cov.expm_matvec(scale, v, "half", cap)[0] for cap in (40, 3)]
     )
     g, vec = rng.standard_normal((200, 50)), rng.standard_normal(50)
@@ -202,7 +202,7 @@ def shrunk_operations(n_rows: int, dim: int, target: str, extra=lambda shrunk, v
         expm,
         *extra(shrunk, v),
     ]
-    return pytensor.function([G, v, rho, t], outputs)
+    return python_function([G, v, rho, t], outputs)
 
 
 def assert_operations_match_dense(outputs, dense, sigma, vec, t_val):
@@ -243,7 +243,7 @@ def test_woodbury_solve_takes_a_diagonal_shift():
     rng = np.random.default_rng(6)
     n_rows, dim = 7, 30
     G, v, alpha = pt.matrix("G"), pt.vector("v"), pt.vector("alpha")
-    fn = pytensor.function(
+    fn = python_function(
         [G, v, alpha], NoiseCovariance(G, dim, n_rows).solve_shifted(alpha, 0.1, v)
     )
     g, vec = rng.standard_normal((n_rows, dim)), rng.standard_normal(dim)
@@ -291,7 +291,7 @@ def test_products_and_trace_from_single_precision_rows_are_those_of_the_rounded_
     cov = NoiseCovariance(G, dim, n_rows)
     if target is not None:
         cov = cov.shrunk(rho, target)
-    fn = pytensor.function(
+    fn = python_function(
         [G, v],
         [cov.matvec(v), cov.trace(), cov.matvec(v, True), cov.trace(single_precision_rows=True)],
     )
