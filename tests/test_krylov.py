@@ -43,20 +43,26 @@ def forms(gradients, columns, intensity):
 
 
 def expm_functions(form: str, max_products: int, dtype: str = "float64"):
-    """(fused kernel, the kernel's Python perform, the expanded graph: Python's backend, which
-    compiles in no time) for one form; each
-    returns (exp(t Sigma) v, products, Sigma as a dense matrix)."""
+    """:func:`kernel_and_graph_functions` of one form's product; each returns
+    (exp(t Sigma) v, products, Sigma as a dense matrix)."""
     gradients, v = pt.matrix("G", dtype=dtype), pt.vector("v", dtype=dtype)
     columns, intensity, t = pt.vector("s", dtype=dtype), pt.scalar("rho"), pt.scalar("t")
     sigma = forms(gradients, columns, intensity)[form]
     result, count = sigma.expm_matvec(t, v, "half", max_products)
     outputs = [result, count, sigma.dense()]
     inputs = [gradients, v, columns, intensity, t]
+    return kernel_and_graph_functions(inputs, outputs)
+
+
+def kernel_and_graph_functions(inputs, outputs):
+    """(the samplers' numba mode, running the fused kernel; the kernel's Python perform; the
+    expanded graph in Python's backend)."""
     fused = pytensor.function(inputs, outputs, mode=FUSED, on_unused_input="ignore")
-    return [fused] + [
+    perform, graph = (
         python_function(inputs, outputs, mode=mode, on_unused_input="ignore")
         for mode in (PERFORM, "FAST_COMPILE")
-    ]
+    )
+    return fused, perform, graph
 
 
 def example(rng, dtype="float64"):
@@ -100,11 +106,7 @@ def test_cg_kernel_runs_the_graphs_algorithm_step_for_step(form):
     sigma = forms(gradients, columns, intensity)[form]
     outputs = [sigma.solve_shifted_cg(1.3, 0.05, v, cap) for cap in (60, 2)] + [sigma.dense()]
     inputs = [gradients, v, columns, intensity]
-    fused = pytensor.function(inputs, outputs, mode=FUSED, on_unused_input="ignore")
-    perform, graph = (
-        python_function(inputs, outputs, mode=mode, on_unused_input="ignore")
-        for mode in (PERFORM, "FAST_COMPILE")
-    )
+    fused, perform, graph = kernel_and_graph_functions(inputs, outputs)
     rows, vector, scales = example(np.random.default_rng(4))
     *expected, dense = graph(rows, vector, scales, 0.3)
     exact = np.linalg.solve(1.3 * np.eye(DIM) + 0.05 * dense, vector)
