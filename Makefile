@@ -47,8 +47,8 @@ bench-suite: bench-extra
 bench-criteria: bench-extra
 	$(PY) benchmarks/criteria.py
 
-# The `bench` extra (BlackJAX, JAX) for the baselines, installed into .venv if missing.
+# The `bench` extra (BlackJAX, JAX, nutpie) for the baselines, installed into .venv if missing.
 .PHONY: bench-extra
 bench-extra: venv
-	@$(PY) -c "import blackjax, jax" 2>/dev/null || $(PY) -m pip install --quiet -e ".[bench]" \
-		|| echo "note: BlackJAX/JAX could not be installed: their baselines will be skipped"
+	@$(PY) -c "import blackjax, jax, nutpie" 2>/dev/null || $(PY) -m pip install --quiet -e ".[bench]" \
+		|| echo "note: BlackJAX/JAX/nutpie could not be installed: their baselines will be skipped"

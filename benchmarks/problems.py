@@ -333,6 +333,7 @@ def nuts_reference(problem: Problem, draws: int, seed: int = 20261121) -> np.nda
             random_seed=seed,
             progressbar=False,
             compute_convergence_checks=False,
+            nuts_sampler="pymc",  # the cached reference's sampler, nutpie installed or not
         )
     return np.concatenate(idata.posterior["w"].values, axis=0)
 

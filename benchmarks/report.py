@@ -37,7 +37,18 @@ def versions() -> dict[str, str]:
     import importlib.metadata as md
 
     out = {"python": platform.python_version()}
-    packages = ("pymc", "pytensor", "numpy", "numba", "arviz", "scipy", "jax", "jaxlib", "blackjax")
+    packages = (
+        "pymc",
+        "pytensor",
+        "numpy",
+        "numba",
+        "arviz",
+        "scipy",
+        "jax",
+        "jaxlib",
+        "blackjax",
+        "nutpie",
+    )
     for pkg in packages:
         try:
             out[pkg] = md.version(pkg)

@@ -16,10 +16,13 @@ Methods, all measured in the same process and run:
 * BlackJAX SGLD and SGNHT in a ``jax.lax.scan`` over 1,000-step chunks with a hand-written
   log-density, minibatches drawn with replacement inside the scan, float64 (skipped with a
   note when ``blackjax``/``jax`` are not installed: ``pip install -e ".[bench]"``);
-* PyMC NUTS (``pm.sample`` defaults: 1,000 tuning + 1,000 draws, here one chain) on the full
-  data. On P4 a full NUTS run takes tens of minutes: by default a short run measures the cost
-  per tuning draw and per draw and the result is a labelled projection (``--nuts-p4`` runs the
-  real thing).
+* NUTS (``pm.sample`` defaults: 1,000 tuning + 1,000 draws, here one chain) on the full
+  data, twice: PyMC's own NUTS (``nuts_sampler="pymc"``) and nutpie, which ``pm.sample`` runs
+  by default where it is installed (skipped with a note when it is not: ``pip install -e
+  ".[bench]"``; nutpie reports no time per draw, so its draws are placed in time by their
+  leapfrog steps). The "default NUTS" columns use nutpie's row where it ran. On P4 a full
+  NUTS run takes tens of minutes: by default a short run measures the cost per tuning draw
+  and per draw and the result is a labelled projection (``--nuts-p4`` runs the real thing).
 
 Per method: time to first draw (step construction + ``pm.sample`` call to the first draw:
 graph building, compilation and the first steps; for JAX the jit compile plus the first
@@ -143,7 +146,7 @@ class Result:
 
     problem: str
     method: str
-    group: str  # "ours", "ours-thin1", "numpy", "blackjax", "nuts"
+    group: str  # "ours", "ours-thin1", "numpy", "blackjax", "nuts", "nutpie"
     settings: str
     first_draw_s: float | None = None
     steps_per_s: float | None = None
@@ -466,8 +469,8 @@ def run_blackjax(problem: Problem, ref: Reference, algo: str, s: Settings, cfg: 
 
 
 def nuts_timed(problem: Problem, tune: int, draws: int, seed: int):
-    """PyMC's default NUTS on the full data (one chain); wall time of every draw (tuning draws
-    included) from the ``pm.sample`` call, recorded by a callback."""
+    """PyMC's own NUTS (``nuts_sampler="pymc"``) on the full data (one chain); wall time of
+    every draw (tuning draws included) from the ``pm.sample`` call, recorded by a callback."""
     import pymc as pm
 
     times: list[float] = []
@@ -486,20 +489,82 @@ def nuts_timed(problem: Problem, tune: int, draws: int, seed: int):
             progressbar=False,
             compute_convergence_checks=False,
             callback=record,
+            nuts_sampler="pymc",
+            discard_tuned_samples=False,  # the tuning draws' leapfrog steps, as nutpie's
         )
-    return idata, np.asarray(times) - start
+    return idata, np.asarray(times) - start, leapfrog_steps(idata)
 
 
-def run_nuts(problem: Problem, ref: Reference, tune: int, draws: int, seed: int) -> Result:
+def leapfrog_steps(idata) -> np.ndarray:
+    """Leapfrog steps of chain 0's tuning draws, then of its draws."""
+    groups = ("warmup_sample_stats", "sample_stats")
+    return np.concatenate([idata[g]["n_steps"].values[0] for g in groups])
+
+
+def nutpie_available() -> str | None:
+    """None if nutpie imports, else the reason."""
+    try:
+        import nutpie  # noqa: F401
+    except ImportError as err:
+        return f"{err.name} not installed (pip install -e '.[bench]')"
+    return None
+
+
+def nutpie_timed(problem: Problem, tune: int, draws: int, seed: int):
+    """nutpie, which ``pm.sample`` runs for a NUTS-only model when it is installed, on the full
+    data (one chain), with the calls and arguments ``pm.sample(nuts_sampler="nutpie")`` makes
+    (``compile_pymc_model`` with the numba backend, then ``sample``).
+
+    nutpie reports no time per draw, so draw k is placed at the compile time plus the sampling
+    time in proportion to the leapfrog steps up to it (tuning included): on the full data a
+    gradient costs the same everywhere, and nutpie's per-draw overhead is microseconds."""
+    import nutpie
+
+    model = problem.model(minibatch=False)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        start = clock()
+        compiled = nutpie.compile_pymc_model(model, backend="numba")
+        compiled_at = clock() - start
+        idata = nutpie.sample(
+            compiled,
+            draws=draws,
+            tune=tune,
+            chains=1,
+            cores=1,
+            seed=seed,
+            save_warmup=True,
+            progress_bar=False,
+        )
+        total = clock() - start
+    leapfrog = leapfrog_steps(idata)
+    done = np.cumsum(leapfrog) / leapfrog.sum()
+    return idata, compiled_at + (total - compiled_at) * done, leapfrog
+
+
+#: The full-data NUTS baselines, by ``Result.group`` and ``--baselines`` name: PyMC's own NUTS,
+#: and nutpie, which is PyMC's default NUTS where it is installed: (label, timed run).
+NUTS_BASELINES = {
+    "nuts": ("PyMC NUTS", nuts_timed),
+    "nutpie": ("nutpie NUTS", nutpie_timed),
+}
+
+
+def run_nuts(
+    problem: Problem, ref: Reference, tune: int, draws: int, seed: int, sampler: str = "nuts"
+) -> Result:
     """NUTS timed to a result like the SG samplers (all post-tuning draws, no burn-in cut)."""
-    res = Result(problem.key, "PyMC NUTS", "nuts", f"tune={tune}, draws={draws}, 1 chain")
-    idata, t = nuts_timed(problem, tune, draws, seed)
+    label, timed = NUTS_BASELINES[sampler]
+    res = Result(problem.key, label, sampler, f"tune={tune}, draws={draws}, 1 chain")
+    idata, t, leapfrog_all = timed(problem, tune, draws, seed)
     res.first_draw_s, res.run_s = float(t[0]), float(t[-1])
     sampled = t[tune:]
     res.steps_per_s = (len(sampled) - 1) / (sampled[-1] - sampled[0])
-    leapfrog = idata.sample_stats["n_steps"].values[0]
+    leapfrog = leapfrog_all[tune:]
     res.run_steps = int(leapfrog.sum())  # leapfrog steps after tuning
     res.note = f"draws/s in the steps/s column; {leapfrog.mean():.1f} leapfrog steps/draw"
+    if sampler == "nutpie":
+        res.note += "; draw times from leapfrog counts (nutpie_timed)"
     # Checkpoint k of the post-tuning draws is available at sampled[k - 1].
     fill_result(res, problem.draws_from_idata(idata), sampled, ref, 1, 0.0, discard_half=False)
     if res.result_steps is not None:
@@ -507,7 +572,9 @@ def run_nuts(problem: Problem, ref: Reference, tune: int, draws: int, seed: int)
     return res
 
 
-def run_nuts_projected(problem: Problem, ref: Reference, tune: int, draws: int, seed: int):
+def run_nuts_projected(
+    problem: Problem, ref: Reference, tune: int, draws: int, seed: int, sampler: str = "nuts"
+) -> Result:
     """A short NUTS run, and from it a projection of ``pm.sample``'s default run.
 
     Projected time = time to first draw + 1,000 tuning draws at this run's cost per tuning
@@ -518,8 +585,9 @@ def run_nuts_projected(problem: Problem, ref: Reference, tune: int, draws: int, 
     """
     import arviz as az
 
-    res = Result(problem.key, "PyMC NUTS (projected)", "nuts", "")
-    idata, t = nuts_timed(problem, tune, draws, seed)
+    label, timed = NUTS_BASELINES[sampler]
+    res = Result(problem.key, f"{label} (projected)", sampler, "")
+    idata, t, leapfrog = timed(problem, tune, draws, seed)
     tune_cost = (t[tune - 1] - t[0]) / (tune - 1)
     draw_cost = (t[-1] - t[tune - 1]) / draws
     x = problem.draws_from_idata(idata)
@@ -527,15 +595,17 @@ def run_nuts_projected(problem: Problem, ref: Reference, tune: int, draws: int, 
     needed = int(np.ceil(200 / ess_per_draw))
     res.first_draw_s, res.run_s = float(t[0]), float(t[-1])
     res.steps_per_s = 1.0 / draw_cost
-    res.run_steps = int(idata.sample_stats["n_steps"].values[0].sum())
+    res.run_steps = int(leapfrog[tune:].sum())
     res.result_steps = needed
     res.result_s = float(t[0] + NUTS_DEFAULT[0] * tune_cost + needed * draw_cost)
     res.mean_err, res.var_err = moment_errors(x, ref)
     res.settings = f"measured: tune={tune}, draws={draws}, 1 chain"
     res.note = (
         f"PROJECTED, not run: {tune_cost:.2f} s per tuning draw x {NUTS_DEFAULT[0]} + "
-        f"{needed} draws (ESS/draw {ess_per_draw:.2f}) x {draw_cost:.2f} s; final errors are "
-        f"those of the short run; --nuts-p4 runs pm.sample's default"
+        f"{needed} draws (ESS/draw {ess_per_draw:.2f}) x {draw_cost:.2f} s; "
+        f"{leapfrog[:tune].mean():.1f} / {leapfrog[tune:].mean():.1f} leapfrog steps per "
+        "tuning draw / draw; final errors are those of the short run; --nuts-p4 runs "
+        "pm.sample's default"
     )
     return res
 
@@ -598,10 +668,16 @@ def bench_problem(key: str, index: int, cfg: Config) -> tuple[list[Result], dict
     elif "blackjax" in cfg.baselines:
         info["blackjax"] = f"BlackJAX baselines skipped: {missing}"
         print("   " + info["blackjax"], flush=True)
-    if "nuts" in cfg.baselines and key == "P4" and not cfg.nuts_p4:
-        add(run_nuts_projected(problem, ref, *cfg.p4_short, seed=cfg.seed))
-    elif "nuts" in cfg.baselines:
-        add(run_nuts(problem, ref, *cfg.nuts, seed=cfg.seed))
+    for sampler in NUTS_BASELINES:
+        if sampler not in cfg.baselines:
+            continue
+        if sampler == "nutpie" and (missing := nutpie_available()) is not None:
+            info["nutpie"] = f"nutpie baseline skipped: {missing}"
+            print("   " + info["nutpie"], flush=True)
+        elif key == "P4" and not cfg.nuts_p4:
+            add(run_nuts_projected(problem, ref, *cfg.p4_short, seed=cfg.seed, sampler=sampler))
+        else:
+            add(run_nuts(problem, ref, *cfg.nuts, seed=cfg.seed, sampler=sampler))
     return rows, info
 
 
@@ -628,11 +704,18 @@ def ratio(a: float | None, b: float | None) -> str:
     return "-" if a is None or b is None or b == 0 else f"{a / b:.2f}"
 
 
+def default_nuts(rows: list[Result]) -> Result | None:
+    """The NUTS row ``pm.sample`` would run by default: nutpie's where it ran (PyMC's default
+    NUTS when nutpie is installed), else PyMC's own."""
+    by_group = {r.group: r for r in rows if r.group in NUTS_BASELINES}
+    return by_group.get("nutpie", by_group.get("nuts"))
+
+
 def problem_table(rows: list[Result]) -> list[str]:
-    nuts = next((r for r in rows if r.group == "nuts"), None)
+    nuts = default_nuts(rows)
     lines = [
         "| method | settings | first draw (s) | compile cold / warm (s) | steps/s | "
-        "time to result (s) | steps to result | NUTS time / this | run (steps, s) | "
+        "time to result (s) | steps to result | default NUTS time / this | run (steps, s) | "
         "final mean / var err | note |",
         "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
@@ -658,8 +741,8 @@ def ratio_table(all_rows: dict[str, list[Result]]) -> list[str]:
     lines = [
         "| problem | SGLD / BlackJAX SGLD | SGNHT / BlackJAX SGNHT | SGLD / NumPy SGLD | "
         "SGLD thin=1 / BlackJAX SGLD | SGLD time to result / BlackJAX SGLD's | "
-        "NUTS time to result / fastest of ours (which) |",
-        "| --- | --- | --- | --- | --- | --- | --- |",
+        "PyMC NUTS time to result / fastest of ours (which) | nutpie's / fastest of ours |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     for key, rows in all_rows.items():
         m = by_method(rows)
@@ -671,17 +754,21 @@ def ratio_table(all_rows: dict[str, list[Result]]) -> list[str]:
             return m[name].result_s if name in m else None
 
         ours = [r for r in rows if r.group == "ours" and r.result_s is not None]
-        nuts = next((r for r in rows if r.group == "nuts"), None)
         best = min(ours, key=lambda r: r.result_s) if ours else None
-        nuts_vs = "-"
-        if best is not None and nuts is not None and nuts.result_s is not None:
-            nuts_vs = f"{nuts.result_s / best.result_s:.2f} ({best.method})"
+
+        def against_best(group: str, rows=rows, best=best) -> str:
+            nuts = next((r for r in rows if r.group == group), None)
+            if best is None or nuts is None or nuts.result_s is None:
+                return "-"
+            return f"{nuts.result_s / best.result_s:.2f} ({best.method})"
+
         lines.append(
             f"| {key} | {ratio(rate('SGLD'), rate('BlackJAX SGLD'))} | "
             f"{ratio(rate('SGNHT'), rate('BlackJAX SGNHT'))} | "
             f"{ratio(rate('SGLD'), rate('NumPy SGLD'))} | "
             f"{ratio(rate('SGLD (thin=1)'), rate('BlackJAX SGLD'))} | "
-            f"{ratio(ttr('SGLD'), ttr('BlackJAX SGLD'))} | {nuts_vs} |"
+            f"{ratio(ttr('SGLD'), ttr('BlackJAX SGLD'))} | {against_best('nuts')} | "
+            f"{against_best('nutpie')} |"
         )
     return lines
 
@@ -759,7 +846,7 @@ def write_report(cfg: Config, all_rows, infos, header: dict, path: Path) -> None
         info = infos[key]
         lines += [f"## {info['title']} ({info['size']})", ""]
         lines += [f"- reference: {info['reference']}", f"- step sizes: {info['settings']}"]
-        lines += [f"- {info[k]}" for k in ("laplace_check", "blackjax") if k in info]
+        lines += [f"- {info[k]}" for k in ("laplace_check", "blackjax", "nutpie") if k in info]
         lines += ["", *problem_table(rows), ""]
     path.write_text("\n".join(lines) + "\n")
 
@@ -778,8 +865,8 @@ def parse_args(argv: list[str]) -> tuple[Config, Path | None]:
     p.add_argument(
         "--baselines",
         nargs="*",
-        default=["numpy", "blackjax", "nuts"],
-        choices=["numpy", "blackjax", "nuts"],
+        default=["numpy", "blackjax", "nuts", "nutpie"],
+        choices=["numpy", "blackjax", "nuts", "nutpie"],
         help="baselines to run (none: only our samplers)",
     )
     p.add_argument(

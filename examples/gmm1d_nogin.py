@@ -106,6 +106,7 @@ def nuts_check(y: np.ndarray, init: np.ndarray, draws: int, folder: Path) -> dic
             initvals={"mu": init},
             progressbar=False,
             compute_convergence_checks=False,
+            nuts_sampler="pymc",  # the cached run's sampler, nutpie installed or not
         )
     mu = idata.posterior["mu"].values  # chains x draws x 2
     squares = (mu - mu.reshape(-1, 2).mean(0)) ** 2

@@ -138,7 +138,7 @@ def reference(name: str) -> Moments:
     with model:
         idata = pm.sample(
             5000, tune=1000, chains=4, cores=1, random_seed=0, progressbar=False,
-            compute_convergence_checks=False,
+            compute_convergence_checks=False, nuts_sampler="pymc",
         )  # fmt: skip
     return moments_of(idata, [v.name for v in model.free_RVs])
 

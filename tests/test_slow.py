@@ -12,6 +12,10 @@ from pymc_sgmcmc import SGLD, SGNHT
 
 pytestmark = pytest.mark.slow
 
+#: The NUTS references run PyMC's own NUTS: ``pm.sample`` would run nutpie instead where it is
+#: installed (the ``bench`` extra installs it), and the seeded references would change.
+PYMC_NUTS = {"nuts_sampler": "pymc"}
+
 
 def regression(batch_size: int | None, n_obs=2000, seed=0):
     """Regression with unknown noise scale; batch_size=None gives the full-data model."""
@@ -53,7 +57,7 @@ def summaries(idata):
 @pytest.fixture(scope="module")
 def nuts_reference():
     with regression(None):
-        idata = pm.sample(4000, tune=1000, chains=2, random_seed=0, progressbar=False)
+        idata = pm.sample(4000, tune=1000, chains=2, random_seed=0, progressbar=False, **PYMC_NUTS)
     return summaries(idata)
 
 
@@ -197,7 +201,7 @@ def test_papers_noise_estimate_shifts_the_mean_by_the_third_moment_unlike_indepe
     model, full_model, mode, cov, c3 = skewed_logistic()
     sd = np.sqrt(np.diag(cov))
     with full_model:
-        nuts = pm.sample(1000, tune=1000, chains=2, random_seed=2, progressbar=False)
+        nuts = pm.sample(1000, tune=1000, chains=2, random_seed=2, progressbar=False, **PYMC_NUTS)
     nuts_mean, nuts_se = mean_and_se(nuts.posterior["w"].values)
     h = 0.002
     predicted = -(h**2) / 2 * (cov @ c3) / sd
@@ -253,7 +257,7 @@ def test_covariance_samplers_match_nuts_on_a_zero_inflated_poisson(sampler):
     import pymc_sgmcmc
 
     with zero_inflated_poisson(None):
-        nuts = pm.sample(2000, tune=1000, chains=2, random_seed=1, progressbar=False)
+        nuts = pm.sample(2000, tune=1000, chains=2, random_seed=1, progressbar=False, **PYMC_NUTS)
     with zero_inflated_poisson(100):
         idata = pm.sample(
             step=getattr(pymc_sgmcmc, sampler)(),
