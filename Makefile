@@ -42,7 +42,7 @@ bench-suite: bench-extra
 	$(PY) benchmarks/suite.py $(SUITE_ARGS)
 
 # Issue 4's performance targets, each measured in one run (15 minutes on the AMD EPYC
-# machine, 21-23 on the Intel Xeon one): writes benchmarks/criteria_results.md.
+# machine, 20-23 on the Intel Xeon one): writes benchmarks/criteria_results.md.
 .PHONY: bench-criteria
 bench-criteria: bench-extra
 	$(PY) benchmarks/criteria.py
