@@ -671,8 +671,8 @@ def bench_problem(key: str, index: int, cfg: Config) -> tuple[list[Result], dict
     for sampler in NUTS_BASELINES:
         if sampler not in cfg.baselines:
             continue
-        if sampler == "nutpie" and (missing := nutpie_available()) is not None:
-            info["nutpie"] = f"nutpie baseline skipped: {missing}"
+        if sampler == "nutpie" and (no_nutpie := nutpie_available()) is not None:
+            info["nutpie"] = f"nutpie baseline skipped: {no_nutpie}"
             print("   " + info["nutpie"], flush=True)
         elif key == "P4" and not cfg.nuts_p4:
             add(run_nuts_projected(problem, ref, *cfg.p4_short, seed=cfg.seed, sampler=sampler))
