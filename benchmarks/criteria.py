@@ -91,7 +91,7 @@ def sampler_rates(lines: list[str]) -> list[Target]:
         "| problem | round | " + " | ".join(methods) + " |",
         "| --- " * (2 + len(methods)) + "|",
     ]
-    missing = suite.blackjax_available()
+    missing = suite.bench_extra_missing("blackjax", "jax")
     rates: dict[str, list[dict[str, float]]] = {key: [] for key in cfg.problems}
     for round_ in range(1, RATE_ROUNDS + 1):
         for key in cfg.problems:
@@ -190,7 +190,7 @@ def p4_against_nuts(lines: list[str]) -> list[Target]:
     judged against the default: nutpie's projection where nutpie is installed."""
     problem = make_problem("P4")
     ref = reference(problem, allow_nuts=False)[0]
-    missing = suite.nutpie_available()
+    missing = suite.bench_extra_missing("nutpie")
     # The default NUTS last: the target's ratio is each row's last one.
     baselines = ["nuts"] if missing else ["nuts", "nutpie"]
     with warnings.catch_warnings():

@@ -61,7 +61,7 @@ def main(argv: list[str]) -> None:
     parser.add_argument("--budget", type=float, default=5.0, help="seconds per method and round")
     parser.add_argument("--output", type=Path, default=HERE / "head_to_head_results.md")
     args = parser.parse_args(argv)
-    missing = suite.blackjax_available()
+    missing = suite.bench_extra_missing("blackjax", "jax")
     if missing is not None:
         sys.exit(f"BlackJAX is needed for this comparison: {missing}")
     cfg, _ = suite.parse_args(["--budget", str(args.budget)])

@@ -45,6 +45,7 @@ Writes ``benchmarks/suite_results.md`` and ``.json``. Run: ``make bench-suite`` 
 
 from __future__ import annotations
 
+import importlib
 import json
 import logging
 import os
@@ -389,13 +390,13 @@ def run_numpy_sgld(problem: Problem, ref: Reference, s: Settings, cfg: Config) -
     return res
 
 
-def blackjax_available() -> str | None:
-    """None if BlackJAX and JAX import, else the reason."""
-    try:
-        import blackjax  # noqa: F401
-        import jax  # noqa: F401
-    except ImportError as err:
-        return f"{err.name} not installed (pip install -e '.[bench]')"
+def bench_extra_missing(*modules: str) -> str | None:
+    """None if the named modules of the ``bench`` extra import, else the reason."""
+    for module in modules:
+        try:
+            importlib.import_module(module)
+        except ImportError as err:
+            return f"{err.name} not installed (pip install -e '.[bench]')"
     return None
 
 
@@ -499,15 +500,6 @@ def leapfrog_steps(idata) -> np.ndarray:
     """Leapfrog steps of chain 0's tuning draws, then of its draws."""
     groups = ("warmup_sample_stats", "sample_stats")
     return np.concatenate([idata[g]["n_steps"].values[0] for g in groups])
-
-
-def nutpie_available() -> str | None:
-    """None if nutpie imports, else the reason."""
-    try:
-        import nutpie  # noqa: F401
-    except ImportError as err:
-        return f"{err.name} not installed (pip install -e '.[bench]')"
-    return None
 
 
 def nutpie_timed(problem: Problem, tune: int, draws: int, seed: int):
@@ -661,7 +653,7 @@ def bench_problem(key: str, index: int, cfg: Config) -> tuple[list[Result], dict
         add(run_sgld_thin1(problem, s, cfg))
     if "numpy" in cfg.baselines:
         add(run_numpy_sgld(problem, ref, s, cfg))
-    missing = blackjax_available()
+    missing = bench_extra_missing("blackjax", "jax")
     if "blackjax" in cfg.baselines and missing is None:
         for algo in ("SGLD", "SGNHT"):
             add(run_blackjax(problem, ref, algo, s, cfg))
@@ -671,7 +663,7 @@ def bench_problem(key: str, index: int, cfg: Config) -> tuple[list[Result], dict
     for sampler in NUTS_BASELINES:
         if sampler not in cfg.baselines:
             continue
-        if sampler == "nutpie" and (no_nutpie := nutpie_available()) is not None:
+        if sampler == "nutpie" and (no_nutpie := bench_extra_missing("nutpie")) is not None:
             info["nutpie"] = f"nutpie baseline skipped: {no_nutpie}"
             print("   " + info["nutpie"], flush=True)
         elif key == "P4" and not cfg.nuts_p4:
