@@ -3,7 +3,9 @@ the runaway check (``pymc_sgmcmc.runaway``): the calibration of ``SPREADS`` and 
 
 Each case runs one chain of 20,000 kept steps (``thin=1``, default step size after 500 tuning
 draws, started at the posterior mean, or for the logistic regression at the generating
-weights) and replays the check on its recorded log-densities in 1,000-step blocks: the largest
+weights) and replays the check in 1,000-step blocks on the series it follows (the recorded
+minibatch log-densities, less the kinetic energy's excess for SGNHT and NOGIN:
+``runaway.checked_series``): the largest
 deficit of the running median below the typical value in spreads (allowed: ``SPREADS``), and
 of a single step in margins (allowed: ``EXTREME``), over all blocks after the first. Replayed
 on every step (a chain with ``thin=1``) and on every ``STRIDE``-th step (what the check reads
@@ -94,13 +96,20 @@ def main() -> None:
     for label, model, initvals, samplers in cases():
         for cls in samplers:
             with model:
+                step = cls(thin=1)
                 idata = pm.sample(
-                    step=cls(thin=1), initvals=initvals, compute_convergence_checks=False,
+                    step=step, initvals=initvals, compute_convergence_checks=False,
                     **SAMPLE_KWARGS,
                 )  # fmt: skip
-            logps = idata.sample_stats["minibatch_logp"].values[0]
-            (m1, s1, f1), (m10, s10, f10) = replay(logps), replay(logps, runaway.STRIDE)
-            diverging = int(idata.sample_stats["diverging"].sum())
+            stats = idata.sample_stats
+            temperatures = (
+                stats["kinetic_temperature"].values[0] if "kinetic_temperature" in stats else None
+            )
+            series = runaway.checked_series(
+                stats["minibatch_logp"].values[0], temperatures, step.dim
+            )
+            (m1, s1, f1), (m10, s10, f10) = replay(series), replay(series, runaway.STRIDE)
+            diverging = int(stats["diverging"].sum())
             lines.append(
                 f"| {label} | {cls.__name__} | {m1:.1f} / {m10:.1f} | {s1:.2f} / {s10:.2f} | "
                 f"{f1} / {f10} | {diverging} |"

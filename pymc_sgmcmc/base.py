@@ -16,7 +16,8 @@ step-method contract (``PLATFORM_NOTES.md``):
   ``step`` serves the point dict PyMC hands back without PyMC's per-draw dict / array
   round trip;
 * a non-finite state, a position beyond ``divergence_threshold`` or a collapse of the
-  minibatch log-density far below the chain's typical value flags ``diverging``;
+  minibatch log-density (with a momentum, of the log-density less the kinetic energy's excess)
+  far below the chain's typical value flags ``diverging``;
   the chain restarts from its last sane draw (with
   fresh auxiliary variables) instead of producing garbage, and a warning says which step size to
   try;
@@ -71,6 +72,7 @@ from pymc_sgmcmc.numba_compile import (
 from pymc_sgmcmc.python_mode import ONE_OFF_MODE
 from pymc_sgmcmc.runaway import (
     STRIDE,
+    checked_series,
     runaway_flags,
     running_medians,
     trailing_history,
@@ -1249,7 +1251,11 @@ class SGMCMC(ArrayStepShared):
         final = out[: len(names)]
         # Padded steps are not read.
         thetas, sane, logps, *stats = (trace[:n_steps] for trace in out[len(names) :])
-        check_logps, stored_logps = logps[checked], logps[stored_steps]
+        stored_logps = logps[stored_steps]
+        # The momentum samplers' check follows the energy (``runaway.checked_series``).
+        traces = dict(zip(stat_names, stats, strict=True))
+        temperatures = traces.get("kinetic_temperature")
+        checked_values = checked_series(logps, temperatures, self.dim)[checked]
         stored = slice(self.thin - 1, None, self.thin)
         buffer = {
             "theta": thetas[stored],
@@ -1262,17 +1268,17 @@ class SGMCMC(ArrayStepShared):
         }
         for name in self._integrator_stat_names():
             buffer[name] = buffer[name].astype(self.stats_dtypes_shapes[name][0])
-        medians = running_medians(check_logps, self.logp_history)
-        flags = runaway_flags(check_logps, medians, self.typical_logp, self.logp_spreads)
+        medians = running_medians(checked_values, self.logp_history)
+        flags = runaway_flags(checked_values, medians, self.typical_logp, self.logp_spreads)
         sane[checked[flags]] = False
         sane[stored_steps[~np.isfinite(stored_logps)]] = False
         if sane.all():
             self.chain_state = dict(zip(names, final, strict=True))
             self.step_count += n_steps
             self.typical_logp = updated_reference(
-                self.typical_logp, self.logp_spreads, check_logps, medians
+                self.typical_logp, self.logp_spreads, checked_values, medians
             )
-            self.logp_history = trailing_history(self.logp_history, check_logps)
+            self.logp_history = trailing_history(self.logp_history, checked_values)
             if self.block_cap is not None:
                 self.block_cap = (
                     None
@@ -1331,7 +1337,7 @@ class SGMCMC(ArrayStepShared):
             warnings.warn(
                 f"{type(self).__name__} diverged (non-finite position, momentum or force, "
                 f"|position| > {self.divergence_threshold:g}, or a collapse of the minibatch "
-                "log-density) at "
+                "log-density, or of the energy) at "
                 f"step {self.step_count} with step_size={h_bad:.3g}. The chain restarts from its "
                 "last sane draw and the draw is flagged `diverging`. From the curvature of the "
                 "log-density at the chain's starting point, try "

@@ -13,6 +13,18 @@ that led to it. The margin is ``SPREADS`` times the typical spread of the runnin
 within a block (at least ``MIN_MARGIN``); the chain's first block has only the scale-free
 ``max(1e4, 10 |typical|)``.
 
+For the momentum samplers the check follows the negative energy instead, plus ``D / 2``:
+``log p - (p . p - D) / 2`` (``checked_series``). Friction only
+removes energy, so a sane chain turns potential into kinetic energy and loses it, however far
+from the posterior it starts, while an unstable step creates energy. The log-density alone
+can miss one: SGNHT on a non-centred hierarchical Poisson regression (8 groups,
+``a = mu + sd * z``) moved the group scale's logarithm from 4.6 to -6,574 in one step and then
+6,400 further in each of the next 20, at a kinetic temperature of 10^10, while the minibatch
+log-density *rose* (a zero scale pools the groups) -- until the position overflowed, and the
+restart from the last sane draw kept a scale of exactly 0, in every draw of both chains
+(R-hat 1.06). Milder blow-ups within a chain's first block can still pass its scale-free
+margin (``docs/guide.md``, "Divergences").
+
 The log-density is computed only where it is read: at every ``STRIDE``-th step (every stored
 draw when ``thin`` is smaller), so "steps" below are the checked steps. Non-finite positions,
 momenta and forces are still caught at every step.
@@ -29,6 +41,7 @@ __all__ = [
     "SPREADS",
     "STRIDE",
     "WINDOW",
+    "checked_series",
     "margin",
     "runaway_flags",
     "running_medians",
@@ -47,9 +60,12 @@ STRIDE = 10
 WINDOW = 21
 #: Margin below the typical value, in spreads of the running median. In 20,000-step sane
 #: chains (SGLD, SGNHT, NOGIN at their default step sizes on P1, P2, P4 and a logistic
-#: regression) the running median fell at most 3.7-5.7 spreads below the typical value at
-#: n >= 10, and 18-19 at n = 1, reading every step; 3.4-6.1 and 6-13 reading every
-#: ``STRIDE``-th (``benchmarks/runaway_calibration_results.md``). Even where
+#: regression) the running median fell at most 3.8-5.4 spreads below the typical value at
+#: n >= 10, and 16.5-17.3 at n = 1, reading every step; 3.1-6.7 reading every ``STRIDE``-th
+#: at n >= 10 (``benchmarks/runaway_calibration_results.md``). At n = 1 read every
+#: ``STRIDE``-th step, SGLD's came to 49.4: its first long block's spread, a median absolute
+#: deviation of 100 running medians that overlap 21 by 21, was a quarter of the later ones
+#: (258 against 1,000-2,700), and sets the next block's margin alone. Even where
 #: single steps are heavy-tailed the running median is not: it falls below a quantile q only
 #: when 11 of 21 steps do, with probability about C(21, 11) q^11. A NOGIN chain drifting away
 #: at N = 10^6, n = 1,000 (the benchmark's P4) crossed 50 spreads at about 30 posterior sd,
@@ -57,7 +73,8 @@ WINDOW = 21
 SPREADS = 50.0
 #: A single step this many margins below is flagged without waiting for the window: an
 #: unstable step grows the log-density's deficit by orders of magnitude per step, while in
-#: those sane chains a single step fell at most 0.7 margins below at n >= 10 and 4.0 at n = 1.
+#: those sane chains a single step fell at most 1.0 margins below at n >= 10 and 4.1 at n = 1
+#: (13 for SGLD's chain above, read every ``STRIDE``-th step).
 EXTREME = 100.0
 #: The smallest margin, in log-density units: a chain's own log-density fluctuates by about
 #: sqrt(D / 2), so a full-batch chain on a small model must not be held to a few units.
@@ -66,6 +83,19 @@ MIN_MARGIN = 100.0
 #: has 100 or more; the blocks before an adaptation boundary or after a divergence can have a
 #: few).
 MIN_SPREAD_STEPS = 100
+
+
+def checked_series(
+    logps: np.ndarray, kinetic_temperatures: np.ndarray | None, dim: int
+) -> np.ndarray:
+    """What the check follows at each step: the minibatch log-density, less, where the
+    sampler has a momentum, its kinetic energy's excess over the equilibrium mean ``D / 2``
+    (``kinetic_temperature`` is ``p . p / D``, unit mass in the preconditioned coordinates):
+    ``-H + D / 2`` for the energy ``H = -log p + p . p / 2``. At equilibrium the excess
+    fluctuates by about ``sqrt(D / 2)``, well inside the margins."""
+    if kinetic_temperatures is None:
+        return logps
+    return logps - 0.5 * dim * (kinetic_temperatures - 1.0)
 
 
 def running_medians(logps: np.ndarray, history: np.ndarray) -> np.ndarray:

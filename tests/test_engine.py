@@ -11,6 +11,7 @@ import warnings
 
 import numpy as np
 import pymc as pm
+import pytensor.tensor as pt
 import pytest
 from models import GaussianRegression
 
@@ -19,6 +20,7 @@ from pymc_sgmcmc.base import stat_rows
 from pymc_sgmcmc.runaway import (
     SPREADS,
     WINDOW,
+    checked_series,
     runaway_flags,
     running_medians,
     updated_reference,
@@ -215,6 +217,56 @@ def test_runaway_check_ignores_heavy_tailed_single_steps_but_not_a_drift():
     assert flags.sum() == 1 and 2 * SPREADS - WINDOW < first < 2 * SPREADS + WINDOW
 
 
+def test_runaway_check_of_a_momentum_sampler_follows_the_energy():
+    # The log-density rises while the kinetic temperature p.p/D explodes (an unstable step
+    # creates energy): the log-density alone is sane, the energy -H + D/2 is not.
+    dim, logps = 10, np.linspace(-1e3, -9e2, 60)
+    temperatures = np.ones(60)
+    temperatures[30:] = 1e9
+    medians = running_medians(logps, np.zeros(0))
+    assert not runaway_flags(logps, medians, None, []).any()
+    energy = checked_series(logps, temperatures, dim)
+    np.testing.assert_allclose(energy[:30], logps[:30])
+    flags = runaway_flags(energy, running_medians(energy, np.zeros(0)), None, [])
+    assert np.flatnonzero(flags).tolist() == [30]
+    # Samplers without a momentum (SGLD, mSGLD): the log-density itself.
+    assert checked_series(logps, None, dim) is logps
+
+
+def test_an_energy_blow_up_with_a_rising_log_density_is_a_divergence():
+    # A non-centred hierarchical Poisson regression (a = mu + sd * z, 8 groups, N = 20,000):
+    # early in tuning, SGNHT's kick on log(sd) grew with sd until one step threw it from 4.6
+    # to about -6,600, with a kinetic temperature of 10^10 that the frozen thermostat barely
+    # damped, while the minibatch log-density rose (sd = 0 pools the groups). The check on the
+    # log-density alone kept 21 such draws (and the restart, after the position overflowed,
+    # an sd of exactly 0); the energy check flags the explosion at its first step.
+    rng = np.random.default_rng(3)
+    n_obs, groups, dim = 20_000, 8, 4
+    g = rng.integers(0, groups, n_obs)
+    X = rng.standard_normal((n_obs, dim))
+    exposure = rng.uniform(0.5, 2.0, n_obs)
+    effects = rng.normal(0.3, 0.5, groups)[g] + X @ np.array([0.3, -0.2, 0.1, 0.0])
+    y = rng.poisson(exposure * np.exp(effects)).astype(np.int32)
+    with pm.Model():
+        X_mb, g_mb, e_mb, y_mb = pm.Minibatch(X, g, exposure, y, batch_size=500)
+        mu = pm.Normal("mu", 0, 1)
+        sd = pm.HalfNormal("sd", 1)
+        z = pm.Normal("z", 0, 1, shape=groups)
+        b = pm.Normal("b", 0, 1, shape=dim)
+        rate = pt.exp(mu + sd * z[g_mb] + X_mb @ b + pt.log(e_mb))
+        pm.Poisson("y", rate, observed=y_mb, total_size=n_obs)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)
+            idata = pm.sample(
+                tune=150, draws=1, step=SGNHT(thin=1), random_seed=1, discard_tuned_samples=False,
+                chains=1, progressbar=False, compute_convergence_checks=False,
+            )  # fmt: skip
+    stats = idata.warmup_sample_stats
+    temperatures = stats["kinetic_temperature"].values[0]
+    assert stats["diverging"].values[0].any()
+    assert np.nanmax(temperatures) < 1e6
+
+
 def test_small_minibatches_of_a_large_data_set_are_not_flagged_as_divergent():
     # n = 10 of N = 30,000: the minibatch log-density spreads over tens of thousands. The
     # runaway check once compared it with the best value of earlier blocks and flagged 693 of
@@ -383,7 +435,6 @@ def test_covariance_loops_call_blas_with_c_contiguous_operands_only():
     # Lanczos and conjugate-gradient loops and the thermostat's p . p used to hand it a row of
     # a matrix, a fused reduction's output and G^T inside a loop ("A" and "F" operands).
     import pytensor
-    import pytensor.tensor as pt
     from numba.core import event
 
     from pymc_sgmcmc.model_layer import NoiseCovariance
