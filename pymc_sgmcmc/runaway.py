@@ -64,8 +64,10 @@ WINDOW = 21
 #: n >= 10, and 16.5-17.3 at n = 1, reading every step; 3.1-6.7 reading every ``STRIDE``-th
 #: at n >= 10 (``benchmarks/runaway_calibration_results.md``). At n = 1 read every
 #: ``STRIDE``-th step, SGLD's came to 49.4: its first long block's spread, a median absolute
-#: deviation of 100 running medians that overlap 21 by 21, was a quarter of the later ones
-#: (258 against 1,000-2,700), and sets the next block's margin alone. Even where
+#: deviation of 100 running medians of overlapping 21-step windows, was a quarter of the later ones
+#: (258 against 1,000-2,700), and set the next block's margin alone in the replay, which
+#: starts at the kept draws (the sampler, with its tuning blocks' spreads too, flagged no draw
+#: of that chain). Even where
 #: single steps are heavy-tailed the running median is not: it falls below a quantile q only
 #: when 11 of 21 steps do, with probability about C(21, 11) q^11. A NOGIN chain drifting away
 #: at N = 10^6, n = 1,000 (the benchmark's P4) crossed 50 spreads at about 30 posterior sd,
