@@ -17,7 +17,9 @@ step-method contract (``PLATFORM_NOTES.md``):
   round trip;
 * a non-finite state, a position beyond ``divergence_threshold`` or a collapse of the
   minibatch log-density (with a momentum, of the log-density less the kinetic energy's excess)
-  far below the chain's typical value flags ``diverging``;
+  far below the chain's typical value, or, in the transient from a chain's start, kinetic
+  energy grown beyond what the log-density and the gradient noise can supply flags
+  ``diverging``;
   the chain restarts from its last sane draw (with
   fresh auxiliary variables) instead of producing garbage, and a warning says which step size to
   try;
@@ -71,11 +73,13 @@ from pymc_sgmcmc.numba_compile import (
 )
 from pymc_sgmcmc.python_mode import ONE_OFF_MODE
 from pymc_sgmcmc.runaway import (
+    NO_RANGE,
     STRIDE,
     checked_series,
     runaway_flags,
     running_medians,
     trailing_history,
+    transient_heat_flags,
     updated_reference,
 )
 
@@ -164,6 +168,7 @@ class SGMCMCState(StepMethodState):
     anchor_due: bool
     logp_spreads: list[float]
     logp_history: np.ndarray
+    logp_range: tuple[float, float, float]
     draws_left: int | None
     step_size: float | None
     scale: np.ndarray
@@ -834,6 +839,7 @@ class SGMCMC(ArrayStepShared):
         self.anchor_due = self.control_variates
         self.logp_spreads = []
         self.logp_history = np.zeros(0)
+        self.logp_range = NO_RANGE
         self.step_size = self.user_step_size
         self.scale = np.ones(self.dim)
         self.shrinkage = 0.0 if self.noise_shrinkage in (None, "auto") else self.noise_shrinkage
@@ -1270,6 +1276,16 @@ class SGMCMC(ArrayStepShared):
             buffer[name] = buffer[name].astype(self.stats_dtypes_shapes[name][0])
         medians = running_medians(checked_values, self.logp_history)
         flags = runaway_flags(checked_values, medians, self.typical_logp, self.logp_spreads)
+        if self.transient and temperatures is not None:
+            heat_flags, logp_range = transient_heat_flags(
+                logps[checked],
+                temperatures[checked],
+                self.dim,
+                self.step_size,
+                self.friction,
+                self.logp_range,
+            )
+            flags |= heat_flags
         sane[checked[flags]] = False
         sane[stored_steps[~np.isfinite(stored_logps)]] = False
         if sane.all():
@@ -1279,6 +1295,8 @@ class SGMCMC(ArrayStepShared):
                 self.typical_logp, self.logp_spreads, checked_values, medians
             )
             self.logp_history = trailing_history(self.logp_history, checked_values)
+            if self.transient and temperatures is not None:
+                self.logp_range = logp_range
             if self.block_cap is not None:
                 self.block_cap = (
                     None
@@ -1329,6 +1347,7 @@ class SGMCMC(ArrayStepShared):
         # The restarted chain's first steps are judged on their own, not diluted by the
         # window of sane steps before (a short block after a divergence would hide in it).
         self.logp_history = np.zeros(0)
+        self.logp_range = NO_RANGE  # fresh momentum: no kinetic energy carried over
         if self.tune and self.adapts_step_size:
             # Part of finding the step size: halve it; tuning draws are discarded anyway.
             self._set_kernel(0.5 * h_bad)

@@ -18,11 +18,13 @@ from models import GaussianRegression
 from pymc_sgmcmc import SGLD, SGNHT, MCCAdL
 from pymc_sgmcmc.base import stat_rows
 from pymc_sgmcmc.runaway import (
+    NO_RANGE,
     SPREADS,
     WINDOW,
     checked_series,
     runaway_flags,
     running_medians,
+    transient_heat_flags,
     updated_reference,
 )
 
@@ -233,6 +235,35 @@ def test_runaway_check_of_a_momentum_sampler_follows_the_energy():
     assert checked_series(logps, None, dim) is logps
 
 
+def test_transient_kinetic_energy_is_bounded_by_its_sources():
+    # In the transient the kinetic energy's excess (p.p - D)/2 may grow from the log-density's
+    # rise or from the gradient noise's heat (at most 1/(8 h A) per coordinate under the
+    # transient's step-size rule); growth beyond the range plus 10 times that heat is made
+    # energy. What the first checked step already carries is the baseline.
+    dim, h, friction = 20, 0.01, 1.0
+    heat = 10 * (0.5 * dim / (8 * h * friction) + np.sqrt(dim))  # 1,295
+    rise = np.linspace(-1e4, -1e3, 50)
+    # A sane far start: the potential turned into kinetic energy, hot from the noise as well,
+    # with 5,000 already gained before the first checked step.
+    carried = 1.0 + 2.0 / dim * (5e3 + rise - rise[0]) + 1.0 / (8 * h * friction)
+    flags, (low, high, baseline) = transient_heat_flags(rise, carried, dim, h, friction)
+    assert not flags.any() and (low, high) == (rise[0], rise[-1])
+    assert baseline == 0.5 * dim * (carried[0] - 1.0)
+    # The same growth with a flat log-density: flagged where it exceeds the allowance.
+    flat = np.full(50, -1e4)
+    flags, _ = transient_heat_flags(flat, carried, dim, h, friction)
+    growth = 0.5 * dim * (carried - carried[0])
+    assert np.flatnonzero(flags).tolist() == [int(np.argmax(growth > heat))]
+    # A later block of the same transient starts from the range and baseline of the earlier.
+    earlier = (rise[0], rise[-1], baseline)
+    assert not transient_heat_flags(flat[:5], carried[-5:], dim, h, friction, earlier)[0].any()
+    exploded = np.full(5, 1e4)
+    flags, _ = transient_heat_flags(flat[:5], exploded, dim, h, friction, earlier)
+    assert flags[0]
+    # A (re)start carries nothing: its first checked step is the baseline.
+    assert not transient_heat_flags(flat[:5], exploded, dim, h, friction, NO_RANGE)[0].any()
+
+
 def test_an_energy_blow_up_with_a_rising_log_density_is_a_divergence():
     # A non-centred hierarchical Poisson regression (a = mu + sd * z, 8 groups, N = 20,000):
     # early in tuning, SGNHT's kick on log(sd) grew with sd until one step threw it from 4.6
@@ -265,6 +296,10 @@ def test_an_energy_blow_up_with_a_rising_log_density_is_a_divergence():
     temperatures = stats["kinetic_temperature"].values[0]
     assert stats["diverging"].values[0].any()
     assert np.nanmax(temperatures) < 1e6
+    # After the restart a slower blow-up (kinetic temperature ~10^4) drove sd to 1e-71 within
+    # the first block's scale-free margin; the transient's bound on the kinetic energy
+    # (runaway.transient_heat_flags) flags it too.
+    assert idata.warmup_posterior["sd"].values.min() > 0.1
 
 
 def test_small_minibatches_of_a_large_data_set_are_not_flagged_as_divergent():
