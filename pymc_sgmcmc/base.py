@@ -73,8 +73,9 @@ from pymc_sgmcmc.numba_compile import (
 )
 from pymc_sgmcmc.python_mode import ONE_OFF_MODE
 from pymc_sgmcmc.runaway import (
-    NO_RANGE,
     STRIDE,
+    TRANSIENT_START,
+    TransientReference,
     checked_series,
     runaway_flags,
     running_medians,
@@ -168,7 +169,7 @@ class SGMCMCState(StepMethodState):
     anchor_due: bool
     logp_spreads: list[float]
     logp_history: np.ndarray
-    logp_range: tuple[float, float, float]
+    transient_reference: TransientReference
     draws_left: int | None
     step_size: float | None
     scale: np.ndarray
@@ -839,7 +840,7 @@ class SGMCMC(ArrayStepShared):
         self.anchor_due = self.control_variates
         self.logp_spreads = []
         self.logp_history = np.zeros(0)
-        self.logp_range = NO_RANGE
+        self.transient_reference = TRANSIENT_START
         self.step_size = self.user_step_size
         self.scale = np.ones(self.dim)
         self.shrinkage = 0.0 if self.noise_shrinkage in (None, "auto") else self.noise_shrinkage
@@ -1277,13 +1278,13 @@ class SGMCMC(ArrayStepShared):
         medians = running_medians(checked_values, self.logp_history)
         flags = runaway_flags(checked_values, medians, self.typical_logp, self.logp_spreads)
         if self.transient and temperatures is not None:
-            heat_flags, logp_range = transient_heat_flags(
+            heat_flags, transient_reference = transient_heat_flags(
                 logps[checked],
                 temperatures[checked],
                 self.dim,
                 self.step_size,
                 self.friction,
-                self.logp_range,
+                self.transient_reference,
             )
             flags |= heat_flags
         sane[checked[flags]] = False
@@ -1296,7 +1297,7 @@ class SGMCMC(ArrayStepShared):
             )
             self.logp_history = trailing_history(self.logp_history, checked_values)
             if self.transient and temperatures is not None:
-                self.logp_range = logp_range
+                self.transient_reference = transient_reference
             if self.block_cap is not None:
                 self.block_cap = (
                     None
@@ -1347,7 +1348,7 @@ class SGMCMC(ArrayStepShared):
         # The restarted chain's first steps are judged on their own, not diluted by the
         # window of sane steps before (a short block after a divergence would hide in it).
         self.logp_history = np.zeros(0)
-        self.logp_range = NO_RANGE  # fresh momentum: no kinetic energy carried over
+        self.transient_reference = TRANSIENT_START  # fresh momentum: nothing carried
         if self.tune and self.adapts_step_size:
             # Part of finding the step size: halve it; tuning draws are discarded anyway.
             self._set_kernel(0.5 * h_bad)

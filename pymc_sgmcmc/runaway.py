@@ -38,6 +38,8 @@ momenta and forces are still caught at every step.
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import numpy as np
 
 __all__ = [
@@ -45,11 +47,13 @@ __all__ = [
     "HEAT_ALLOWANCE",
     "MIN_MARGIN",
     "MIN_SPREAD_STEPS",
-    "NO_RANGE",
     "SPREADS",
     "STRIDE",
+    "TRANSIENT_START",
     "WINDOW",
+    "TransientReference",
     "checked_series",
+    "kinetic_excess",
     "margin",
     "runaway_flags",
     "running_medians",
@@ -106,7 +110,13 @@ def checked_series(
     fluctuates by about ``sqrt(D / 2)``, well inside the margins."""
     if kinetic_temperatures is None:
         return logps
-    return logps - 0.5 * dim * (kinetic_temperatures - 1.0)
+    return logps - kinetic_excess(kinetic_temperatures, dim)
+
+
+def kinetic_excess(kinetic_temperatures: np.ndarray, dim: int) -> np.ndarray:
+    """The kinetic energy's excess over its equilibrium mean, ``(p . p - D) / 2``, from the
+    ``kinetic_temperature`` stat ``p . p / D``."""
+    return 0.5 * dim * (kinetic_temperatures - 1.0)
 
 
 #: Allowance of ``transient_heat_flags`` in units of the most heat the gradient noise can
@@ -115,9 +125,19 @@ def checked_series(
 HEAT_ALLOWANCE = 10.0
 
 
-#: What ``transient_heat_flags`` carries from block to block at a chain's (re)start: the
-#: lowest and highest log-density of no checked step, and no kinetic energy to start from.
-NO_RANGE = (np.inf, -np.inf, np.nan)
+class TransientReference(NamedTuple):
+    """What ``transient_heat_flags`` carries from block to block of a transient; the
+    defaults are a chain's (re)start: no checked step yet."""
+
+    #: Lowest and highest log-density of the checked steps since the (re)start.
+    lowest: float = np.inf
+    highest: float = -np.inf
+    #: The kinetic energy's excess at the first checked step since the (re)start.
+    baseline: float = np.nan
+
+
+#: A chain's (re)start: the reference of a transient's first block.
+TRANSIENT_START = TransientReference()
 
 
 def transient_heat_flags(
@@ -126,13 +146,13 @@ def transient_heat_flags(
     dim: int,
     step_size: float,
     friction: float,
-    earlier: tuple[float, float, float] = NO_RANGE,
-) -> tuple[np.ndarray, tuple[float, float, float]]:
+    earlier: TransientReference = TRANSIENT_START,
+) -> tuple[np.ndarray, TransientReference]:
     """The first checked step of a transient whose kinetic energy has grown by more than the
     chain can have come by, as a flag array over the block's checked steps (``logps`` and
     ``kinetic_temperatures`` there); and what the next block starts from: the lowest and
     highest log-density since the chain's (re)start and the kinetic energy's excess at its
-    first checked step (``earlier``: the same from the blocks before, :data:`NO_RANGE` at a
+    first checked step (``earlier``: the same from the blocks before; :data:`TRANSIENT_START` at a
     (re)start).
 
     Friction only removes energy, so the kinetic energy's excess ``(p . p - D) / 2`` can grow
@@ -146,20 +166,20 @@ def transient_heat_flags(
     the integrator is unstable there. What the chain gained before its first checked step
     (up to ``STRIDE - 1`` steps from a far start) is the baseline, not counted.
     """
+    lowest0, highest0, baseline = earlier
     finite = np.isfinite(logps)
-    lowest = np.minimum.accumulate(np.concatenate([[earlier[0]], np.where(finite, logps, np.inf)]))
-    highest = np.maximum.accumulate(
-        np.concatenate([[earlier[1]], np.where(finite, logps, -np.inf)])
-    )
-    excess = 0.5 * dim * (kinetic_temperatures - 1.0)
-    baseline = earlier[2] if np.isfinite(earlier[2]) else float(excess[0])
+    lowest = np.minimum.accumulate(np.concatenate([[lowest0], np.where(finite, logps, np.inf)]))
+    highest = np.maximum.accumulate(np.concatenate([[highest0], np.where(finite, logps, -np.inf)]))
+    excess = kinetic_excess(kinetic_temperatures, dim)
+    if not np.isfinite(baseline):
+        baseline = float(excess[0])
     heat = 0.5 * dim / (8.0 * step_size * friction) + np.sqrt(dim)
     with np.errstate(invalid="ignore"):  # -inf - inf before the first finite value
         hot = excess - baseline > highest[1:] - lowest[1:] + HEAT_ALLOWANCE * heat
     flags = np.zeros(len(logps), dtype=bool)
     if hot.any():
         flags[int(np.argmax(hot))] = True
-    return flags, (float(lowest[-1]), float(highest[-1]), baseline)
+    return flags, TransientReference(float(lowest[-1]), float(highest[-1]), baseline)
 
 
 def running_medians(logps: np.ndarray, history: np.ndarray) -> np.ndarray:
