@@ -37,6 +37,7 @@ import numpy as np
 import pytensor
 import pytensor.tensor as pt
 from pymc.blocking import RaveledVars
+from pymc.exceptions import SamplingError
 from pymc.model import modelcontext
 from pymc.pytensorf import compile as compile_pymc
 from pymc.step_methods.arraystep import ArrayStepShared
@@ -77,6 +78,7 @@ from pymc_sgmcmc.runaway import (
     TRANSIENT_START,
     TransientReference,
     checked_series,
+    first_reference,
     runaway_flags,
     running_medians,
     trailing_history,
@@ -902,6 +904,7 @@ class SGMCMC(ArrayStepShared):
         theta = q0.data
         if self.last_draw is None or not _same_point(theta, self.last_draw):
             # Chain start, or another step method moved the point: (re)start from it.
+            _check_finite_start(q0, type(self).__name__)
             self.chain_state = None
             self.buffer = None
             self.chain_start = np.array(theta)
@@ -1309,6 +1312,8 @@ class SGMCMC(ArrayStepShared):
                 self._kept_block(start, float(np.sum(h)), last)
         else:
             bad = int(np.argmin(sane))
+            if self.typical_logp is None:
+                self.typical_logp = first_reference(checked_values[checked < bad])
             self.block_cap = max(1, bad // self.thin)
             buffer = self._truncate_at_divergence(buffer, theta, bad)
         # The count of divergent draws so far, at each draw (the buffer is served in order).
@@ -1359,9 +1364,10 @@ class SGMCMC(ArrayStepShared):
                 f"|position| > {self.divergence_threshold:g}, or a collapse of the minibatch "
                 "log-density, or of the energy) at "
                 f"step {self.step_count} with step_size={h_bad:.3g}. The chain restarts from its "
-                "last sane draw and the draw is flagged `diverging`. From the curvature of the "
-                "log-density at the chain's starting point, try "
-                f"step_size={self.step_size_hint(self.chain_start, h_bad):.3g} or smaller.",
+                "last sane draw and the draw is flagged `diverging`; try "
+                f"step_size={self.step_size_hint(self.chain_start, h_bad):.3g} or smaller (the "
+                "stability limit from the curvature of the log-density at the chain's starting "
+                "point, and at most half the step size that diverged).",
                 RuntimeWarning,
                 stacklevel=2,
             )
@@ -1373,6 +1379,22 @@ class _Served(NamedTuple):
 
     point: dict[str, np.ndarray]
     raveled: RaveledVars
+
+
+def _check_finite_start(q0: RaveledVars, sampler: str) -> None:
+    """Refuse a chain start with NaN or Inf values (an ``initvals`` entry, or a value outside
+    a variable's support, which its transform maps to NaN): every step from there is
+    non-finite, and each draw would be flagged ``diverging`` at a step size that tuning
+    halves towards zero. PyMC's NUTS refuses it as a bad initial energy."""
+    if np.isfinite(q0.data).all():
+        return
+    point = _point_views(q0.data, q0.point_map_info)
+    names = [name for name, value in point.items() if not np.isfinite(value).all()]
+    raise SamplingError(
+        f"{sampler}: the chain's starting point is not finite (NaN or Inf) in {names} (the "
+        "model's value variables: transformed where a variable has bounds). Check the "
+        "initvals given to pm.sample, and that each lies inside its variable's support."
+    )
 
 
 def _point_views(data: np.ndarray, point_map_info: tuple) -> dict[str, np.ndarray]:

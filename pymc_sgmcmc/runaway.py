@@ -2,9 +2,10 @@
 
 An unstable chain grows geometrically, or drifts away slowly when damping holds the growth
 back, and its log-density collapses long before the position overflows. The check compares
-each step with the chain's *typical* value (in its first block the first step's value, then
-the median of the highest long sane block so far, never lowered, so that a drifting chain
-cannot drag it along) through a *running median* of the last ``WINDOW`` steps: at small batch
+each step with the chain's *typical* value (in its first block the first step's value, or the
+median of the steps before a divergence that ended it, ``first_reference``; then the median
+of the highest long sane block so far, never lowered, so that a drifting chain cannot drag it
+along) through a *running median* of the last ``WINDOW`` steps: at small batch
 sizes a single minibatch's log-density is heavy-tailed (n = 1 of N = 30,000
 logistic-regression rows: one step in a hundred falls 30 times below the median, and a test
 on single values flagged 1,182 of 5,000 draws of a sane chain), while a runaway moves all of
@@ -53,6 +54,7 @@ __all__ = [
     "WINDOW",
     "TransientReference",
     "checked_series",
+    "first_reference",
     "kinetic_excess",
     "margin",
     "runaway_flags",
@@ -249,6 +251,17 @@ def margin(typical: float, spreads: list[float]) -> float:
     if not spreads:
         return max(1e4, 10 * abs(typical))
     return max(SPREADS * float(np.median(spreads)), MIN_MARGIN)
+
+
+def first_reference(sane_logps: np.ndarray) -> float | None:
+    """The typical value a chain restarts with when a divergence ended its first block
+    before any block passed: the median of the sane checked steps before it (``None`` if
+    there were none). Without it the restarted block's first step would be its own
+    reference, however far it had already run away: SGLD at 13 times the stable step on a
+    linear regression restarted from a draw at log-density -1e4, and its next step, at
+    -7e15 (a noise scale of 1e8), became the reference and the draw that every later one
+    repeated."""
+    return float(np.median(sane_logps)) if len(sane_logps) else None
 
 
 def updated_reference(

@@ -21,6 +21,7 @@ from pymc_sgmcmc.runaway import (
     SPREADS,
     WINDOW,
     checked_series,
+    first_reference,
     runaway_flags,
     running_medians,
     transient_heat_flags,
@@ -174,6 +175,16 @@ def test_divergence_at_an_unstored_step_is_flagged_at_its_draw(thin):
     assert np.isnan(idata.sample_stats["minibatch_logp"].values[0][diverging]).all()
 
 
+def test_a_non_finite_chain_start_is_refused():
+    # A NaN initval ran to the end: tuning halved the step size to 2e-31 and every draw,
+    # flagged diverging, was NaN. PyMC's NUTS refuses such a start too (bad initial energy).
+    with small_problem().model():
+        with pytest.raises(pm.exceptions.SamplingError, match=r"not finite .* in \['w'\]"):
+            pm.sample(
+                draws=5, step=SGLD(), initvals={"w": np.array([np.nan, 0.0])}, **SAMPLE_KWARGS
+            )
+
+
 @pytest.mark.parametrize("thin", [1, 3, 25])
 def test_minibatch_logp_is_the_model_logp_at_the_draw(thin):
     # A full-data model (no pm.Minibatch): the stat is then the exact log-density at the draw,
@@ -299,6 +310,38 @@ def test_an_energy_blow_up_with_a_rising_log_density_is_a_divergence():
     # the first block's scale-free margin; the transient's bound on the kinetic energy
     # (runaway.transient_heat_flags) flags it too.
     assert idata.warmup_posterior["sd"].values.min() > 0.1
+
+
+def test_a_restart_in_the_first_block_is_judged_against_the_steps_before_the_divergence():
+    # SGLD at 13 times the stable step size on a linear regression with an unknown noise
+    # scale: the chain wanders (log-density -1.7e3 to -1e4) until its 13th step diverges.
+    # The restart had no typical value yet, so its first step was its own reference: a draw
+    # at sigma = 1.2e8 (log-density -6.8e15) was kept unflagged, and every later draw,
+    # flagged, repeated it; the stability check then advised step_size=7e-17 from there.
+    # Now the sane steps before the divergence are the reference (runaway.first_reference).
+    assert first_reference(np.array([-3e3, -1e4, -2e3])) == -3e3
+    assert first_reference(np.zeros(0)) is None
+    rng = np.random.default_rng(0)
+    X = rng.normal(size=(2000, 3))
+    y = X @ rng.normal(size=3) + 0.5 * rng.normal(size=2000)
+    with pm.Model():
+        X_mb, y_mb = pm.Minibatch(X, y, batch_size=100)
+        w = pm.Normal("w", 0, 1, shape=3)
+        sigma = pm.HalfNormal("sigma", 1)
+        pm.Normal("y", X_mb @ w, sigma, observed=y_mb, total_size=2000)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)
+            idata = pm.sample(
+                tune=100, draws=100, step=SGLD(step_size=0.002), random_seed=1, chains=1,
+                discard_tuned_samples=False, progressbar=False, compute_convergence_checks=False,
+            )  # fmt: skip
+    stats = [idata.warmup_sample_stats, idata.sample_stats]
+    diverging = np.concatenate([s["diverging"].values[0] for s in stats])
+    logp = np.concatenate([s["minibatch_logp"].values[0] for s in stats])
+    sigma = [idata[g]["sigma"].values for g in ("warmup_posterior", "posterior")]
+    assert diverging.any()
+    assert logp[~diverging].min() > -1e6
+    assert max(s.max() for s in sigma) < 1e3
 
 
 def test_small_minibatches_of_a_large_data_set_are_not_flagged_as_divergent():

@@ -163,8 +163,12 @@ class MCCAdL(Thermostatted):
     step_size : float
         :math:`h`.
     diverging : bool
-        The step left the finite numbers (or the position exceeded ``divergence_threshold``);
-        the draw repeats the last sane position and the chain restarted from it.
+        A step of the draw failed the divergence checks: a non-finite position, momentum or
+        force, a position beyond ``divergence_threshold``, a collapse of the energy (the
+        minibatch log-density less the kinetic energy's excess over ``D / 2``) or, in the
+        transient from the chain's start, a kinetic energy grown beyond its sources (the
+        README's "Divergences"). The draw repeats the last sane position and the chain
+        restarted from it.
     divergences : int
         Number of diverging draws so far in this chain.
     thin : int

@@ -97,8 +97,10 @@ class SGLD(SGMCMC):
     step_size : float
         :math:`\varepsilon_t` of the step that produced the draw.
     diverging : bool
-        The step left the finite numbers; the draw repeats the last finite position and the
-        chain restarted from it.
+        A step of the draw failed the divergence checks: a non-finite position or force, a
+        position beyond ``divergence_threshold``, or a collapse of the minibatch log-density
+        (the README's "Divergences"). The draw repeats the last sane position and the chain
+        restarted from it.
     divergences : int
         Number of diverging draws so far in this chain.
     thin : int
