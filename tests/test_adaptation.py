@@ -24,7 +24,7 @@ from pymc_sgmcmc.adaptation import (
     WindowVariance,
     adaptation_boundaries,
 )
-from pymc_sgmcmc.base import MAX_THIN
+from pymc_sgmcmc.base import MAX_THIN, THIN_CAP_WARNING
 
 SAMPLE_KWARGS = dict(progressbar=False, compute_convergence_checks=False)
 ALL_SAMPLERS = [SGLD, MSGLD, SGHMC, SGNHT, CCAdL, MCCAdL, NOGIN]
@@ -267,6 +267,25 @@ def test_a_thin_capped_below_a_relaxation_time_is_reported_with_the_thin_to_pass
         assert step.thin == relaxation <= MAX_THIN
     else:
         assert step.thin == thin and relaxation > MAX_THIN
+
+
+@pytest.mark.parametrize("shortfall, warned", [(1.02, False), (1.4, False), (1.6, True)])
+def test_a_thin_capped_by_a_small_fraction_of_a_relaxation_time_is_not_reported(
+    shortfall, warned, monkeypatch
+):
+    # Draws 1.02 relaxation times short keep nearly the ESS per draw of draws one relaxation
+    # time apart (0.45 against 0.46 for an AR(1) chain); the warning is for THIN_CAP_WARNING
+    # (1.5) and beyond, where it falls to 0.32.
+    assert THIN_CAP_WARNING == 1.5
+    with pm.Model():
+        pm.Normal("w", 0, 1, shape=2)
+        step = SGLD()
+    monkeypatch.setattr(step, "relaxation_steps", lambda h: int(shortfall * MAX_THIN))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        step._set_kernel(1e-3, "final")
+    assert step.thin == MAX_THIN
+    assert [("thin was capped" in str(w.message)) for w in caught] == [True] * warned
 
 
 def sample(model, step, draws=2000, tune=1000, seed=3, **kwargs):
