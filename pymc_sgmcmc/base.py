@@ -124,6 +124,10 @@ class Step(NamedTuple):
 
 #: Tuning draws at which the geometry is measured to choose a step size.
 GEOMETRY_POINTS = 4
+#: Distance of the control variates' anchor from the mode, in posterior sd (root mean square
+#: over the coordinates), beyond which the draws' anchor is reported: a posterior draw is at
+#: about 1 (chi with D degrees of freedom over sqrt(D)).
+ANCHOR_DISTANCE_WARNING = 3.0
 #: Upper bound on the memory of one block's stored positions, to size blocks at large D.
 _BLOCK_MEMORY_BYTES = 64 * 2**20
 
@@ -163,6 +167,7 @@ class SGMCMCState(StepMethodState):
     step_count: int
     divergences: int
     warned: bool
+    anchor_warned: bool
     stability_check_due: bool
     chain_state: dict | None
     buffer: dict | None
@@ -832,6 +837,7 @@ class SGMCMC(ArrayStepShared):
         self.step_count = 0
         self.divergences = 0
         self.warned = False
+        self.anchor_warned = False
         self.stability_check_due = self.user_step_size is not None
         self.chain_state = None
         self.buffer = None
@@ -1124,6 +1130,37 @@ class SGMCMC(ArrayStepShared):
         self.anchor_force = self.sg_model.full_data_force(self.anchor)
         self.anchor_due = False
 
+    def _warn_if_anchor_far(self) -> None:
+        """The control-variate noise grows with the distance from the anchor, and the step
+        size is chosen for the noise near it (at most a few posterior sd out): an anchor far
+        from the mode with no adaptation window to follow (``tune`` below 20 from a far
+        start; or a chain still far out at the end of tuning) makes the draws too hot: SGHMC
+        and mSGLD with ``tune=0`` from 169 posterior sd out drew sds 10-28 times the
+        posterior's. Its distance from the mode in posterior sd, per coordinate,
+        is about the Newton step ``F_i / sqrt(H_ii)``, with unit variance at a posterior draw
+        (for a Gaussian posterior, whatever its correlations)."""
+        if self.adapt_preconditioner and self.adapts_step_size:
+            sd = self.scale  # the posterior sds, or H_ii^(-1/2) at the start
+        else:
+            rng = self.rng.spawn(1)[0]  # the chain's own stream stays as it would be
+            sd = 1.0 / np.sqrt(self.sg_model.curvature_diagonal(self.anchor, rng))
+        distance = float(np.sqrt(np.mean((sd * self.anchor_force) ** 2)))
+        if not np.isfinite(distance) or distance <= ANCHOR_DISTANCE_WARNING:
+            return
+        self.anchor_warned = True
+        warnings.warn(
+            f"{type(self).__name__}: the control variates' anchor is about {distance:.3g} "
+            "posterior sd from the mode (root mean square over the coordinates, from the "
+            "exact force and curvature there), and no adaptation window follows to move it "
+            "closer and choose the step size there. The control-variate force's noise grows "
+            "with the distance from the anchor and the step size allows only for the noise "
+            "near it, so the draws can be too wide. Tune for at least 150 draws (the anchor "
+            "follows the chain to the posterior) or start at the mode "
+            "(initvals=pm.find_MAP()).",
+            RuntimeWarning,
+            stacklevel=2,
+        )
+
     def _check_user_step_size(self, theta: np.ndarray) -> None:
         """Warn when a user's step size is beyond the linear-stability limit (twice
         :meth:`stable_step_size`) at ``theta`` (the first kept draw after tuning, in the final
@@ -1217,10 +1254,13 @@ class SGMCMC(ArrayStepShared):
 
     def _fill_buffer(self, theta: np.ndarray) -> None:
         names = self.functions[1]
-        if self.anchor_due:
+        anchored = self.anchor_due
+        if anchored:
             self._set_anchor(theta)
         if self.step_size is None:
             self._initial_kernel(theta)
+        if anchored and not self.boundaries and not self.anchor_warned:
+            self._warn_if_anchor_far()  # no window will move this anchor
         # After tuning at the first kept draw; without tuning after the first block, once the
         # chain has left its starting point (often far out, with a far larger curvature).
         warmed_up = self.tune_drawn > 0 or self.chain_state is not None
@@ -1322,10 +1362,16 @@ class SGMCMC(ArrayStepShared):
                 self._kept_block(start, float(np.sum(h)), last)
         else:
             bad = int(np.argmin(sane))
-            if self.typical_logp is None:
-                self.typical_logp = first_reference(checked_values[checked < bad])
             self.block_cap = max(1, bad // self.thin)
             buffer = self._truncate_at_divergence(buffer, theta, bad)
+            if self.typical_logp is None:
+                # No sane block yet: the restarted block's first step would be its own
+                # reference, however far it had run away (runaway.first_reference).
+                restart = buffer["theta"][-1]
+                self.typical_logp = first_reference(
+                    checked_values[checked < bad],
+                    lambda: self.sg_model.minibatch_logp(restart, self.rng.spawn(1)[0]),
+                )
         # The count of divergent draws so far, at each draw (the buffer is served in order).
         buffer["divergences"] = self.divergences + np.cumsum(buffer["diverging"], dtype=np.int64)
         self.buffer = buffer

@@ -742,6 +742,18 @@ class SGModel:
         vs = rng.choice([-1.0, 1.0], size=(probes, self.dim))
         return np.mean([v * hessian(v) for v in vs], axis=0)
 
+    def minibatch_logp(
+        self, theta: np.ndarray, rng: np.random.Generator, batches: int = 4
+    ) -> float:
+        """The minibatch estimate of log p at ``theta``, averaged over ``batches`` minibatches
+        (a one-off function, compiled on first use)."""
+        fn = self._logp_function
+        return float(np.mean([fn(theta, *ix) for ix in self._batch_indices(rng, batches)]))
+
+    @cached_property
+    def _logp_function(self):
+        return self._function([self.theta, *self.indices], self.logp, ONE_OFF_MODE)
+
     def _batch_indices(self, rng: np.random.Generator, batches: int) -> list[list[np.ndarray]]:
         """Index vectors (one per ``pm.Minibatch`` source) of ``batches`` minibatches."""
         idx = self.draw_indices(rng, batches)

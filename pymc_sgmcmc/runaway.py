@@ -3,7 +3,8 @@
 An unstable chain grows geometrically, or drifts away slowly when damping holds the growth
 back, and its log-density collapses long before the position overflows. The check compares
 each step with the chain's *typical* value (in its first block the first step's value, or the
-median of the steps before a divergence that ended it, ``first_reference``; then the median
+median of the steps before a divergence that ended it, or the log-density where the chain
+restarted, ``first_reference``; then the median
 of the highest long sane block so far, never lowered, so that a drifting chain cannot drag it
 along) through a *running median* of the last ``WINDOW`` steps: at small batch
 sizes a single minibatch's log-density is heavy-tailed (n = 1 of N = 30,000
@@ -39,6 +40,7 @@ momenta and forces are still caught at every step.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import NamedTuple
 
 import numpy as np
@@ -253,15 +255,18 @@ def margin(typical: float, spreads: list[float]) -> float:
     return max(SPREADS * float(np.median(spreads)), MIN_MARGIN)
 
 
-def first_reference(sane_logps: np.ndarray) -> float | None:
-    """The typical value a chain restarts with when a divergence ended its first block
-    before any block passed: the median of the sane checked steps before it (``None`` if
-    there were none). Without it the restarted block's first step would be its own
+def first_reference(sane_logps: np.ndarray, at_restart: Callable[[], float]) -> float:
+    """The typical value a chain restarts with when a divergence came before any sane block:
+    the median of the sane checked steps before the divergence, or, with none,
+    ``at_restart()``, the minibatch log-density at the restart point (a sane draw or the
+    chain's start; for the momentum samplers the energy's value there too, the momentum
+    being drawn afresh). Without it the restarted block's first step would be its own
     reference, however far it had already run away: SGLD at 13 times the stable step on a
     linear regression restarted from a draw at log-density -1e4, and its next step, at
     -7e15 (a noise scale of 1e8), became the reference and the draw that every later one
-    repeated."""
-    return float(np.median(sane_logps)) if len(sane_logps) else None
+    repeated; CCAdL at 60 times, every block diverging from the start, kept a draw at
+    -2e113."""
+    return float(np.median(sane_logps)) if len(sane_logps) else float(at_restart())
 
 
 def updated_reference(

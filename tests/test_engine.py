@@ -319,8 +319,8 @@ def test_a_restart_in_the_first_block_is_judged_against_the_steps_before_the_div
     # at sigma = 1.2e8 (log-density -6.8e15) was kept unflagged, and every later draw,
     # flagged, repeated it; the stability check then advised step_size=7e-17 from there.
     # Now the sane steps before the divergence are the reference (runaway.first_reference).
-    assert first_reference(np.array([-3e3, -1e4, -2e3])) == -3e3
-    assert first_reference(np.zeros(0)) is None
+    assert first_reference(np.array([-3e3, -1e4, -2e3]), lambda: -5.0) == -3e3
+    assert first_reference(np.zeros(0), lambda: -5.0) == -5.0  # none: the restart point's
     rng = np.random.default_rng(0)
     X = rng.normal(size=(2000, 3))
     y = X @ rng.normal(size=3) + 0.5 * rng.normal(size=2000)

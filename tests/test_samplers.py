@@ -435,6 +435,25 @@ def test_control_variates_lift_the_noise_cap_and_keep_the_exact_posterior():
     assert check.passes(), check.describe()
 
 
+def test_a_far_anchor_that_no_window_moves_is_reported():
+    # With tune=0 the anchor stays at the chain's start, and the step size is chosen for the
+    # control-variate noise around it. From the model's initial point (w = 0, about a hundred
+    # posterior sd from the mode at N = 10,000) the noise where the chain goes is far above
+    # that: SGHMC and mSGLD drew sds 10-28 times the posterior's without a warning. Started
+    # at the posterior mean, the anchor is at the mode: no warning.
+    problem = GaussianRegression.make(n_obs=10_000, dim=3, batch_size=20)
+    with problem.model():
+        for initvals, warned in ((None, True), ({"w": problem.mean}, False)):
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always")
+                pm.sample(
+                    draws=5, tune=0, step=SGLD(control_variates=True), chains=1,
+                    random_seed=3, initvals=initvals, **SAMPLE_KWARGS,
+                )  # fmt: skip
+            messages = [str(w.message) for w in caught if "anchor is about" in str(w.message)]
+            assert len(messages) == int(warned), messages
+
+
 # --------------------------------------------------------------------------- divergences
 def test_divergence_is_flagged_and_never_returned_as_nan():
     problem = small_problem()
