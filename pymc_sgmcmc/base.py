@@ -124,6 +124,10 @@ class Step(NamedTuple):
 
 #: Tuning draws at which the geometry is measured to choose a step size.
 GEOMETRY_POINTS = 4
+#: The largest error of the positions' temperature, ``h A / 2``, that the adapted step size of
+#: a thermostat with Euler's friction allows (``Thermostatted.adapted_step_size``): 5 % of the
+#: variance.
+EULER_TEMPERATURE_TOLERANCE = 0.05
 #: Distance of the control variates' anchor from the mode, in posterior sd (root mean square
 #: over the coordinates), beyond which the draws' anchor is reported: a posterior draw is at
 #: about 1 (chi with D degrees of freedom over sqrt(D)).
@@ -1521,6 +1525,23 @@ class Thermostatted(SGMCMC):
     time) leaves the draws too cold or too hot, and a ``RuntimeWarning`` says so."""
 
     friction: float
+    #: Whether the friction and its noise are Euler's ``-h xi p`` and ``sqrt(2 A h) R`` (CCAdL's
+    #: Alg. 1, SGNHT's ``splitting="euler"``) rather than an exact Ornstein-Uhlenbeck step.
+    euler_friction: bool = False
+
+    def adapted_step_size(self, curvature: float, noise: float, phase: str) -> float:
+        """The base rule, and with Euler's friction at most
+        ``2 * EULER_TEMPERATURE_TOLERANCE / A``. Euler's friction and noise hold ``p . p / D``
+        at ``A / (xi (1 - h xi / 2))``; the thermostat keeps that at 1 by settling at
+        ``xi (1 - h xi / 2) = A``, and the positions then sample at the temperature
+        ``A / xi``, about ``1 - h A / 2``. Where the curvature alone limits the step (control
+        variates: h = 0.28 on a 10,000-row linear regression) the draws' sds were 0.87-0.93 of
+        the posterior's for CCAdL and 0.89-0.92 for Euler SGNHT; CCAdL's 0.92-0.99 at
+        h = 0.14, 0.98-1.00 at 0.07, 0.94-1.00 at this cap's 0.1."""
+        h = super().adapted_step_size(curvature, noise, phase)
+        if self.euler_friction:
+            h = min(h, 2.0 * EULER_TEMPERATURE_TOLERANCE / self.friction)
+        return h
 
     def _set_thermostat_mass(self, mass: float | None) -> None:
         self.thermostat_mass = positive("thermostat_mass", self.dim if mass is None else mass)

@@ -116,6 +116,7 @@ class CCAdL(Thermostatted):
     """
 
     name = "ccadl"
+    euler_friction = True  # Alg. 1: p <- p + h F - h xi p + sqrt(2 A h) R
     # First-order scheme; the explicit damping -h^2/2 Sigma p needs h sigma_max small.
     stability_constant = 0.3
     noise_tolerance = 0.5

@@ -129,6 +129,7 @@ class SGNHT(Thermostatted):
         if splitting not in ("BADODAB", "euler"):
             raise ValueError(f"splitting must be 'BADODAB' or 'euler', got {splitting!r}")
         self.splitting = splitting
+        self.euler_friction = splitting == "euler"
         super().__init__(vars, **kwargs)
         self._set_thermostat_mass(thermostat_mass)
 
