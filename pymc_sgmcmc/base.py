@@ -29,6 +29,7 @@ step-method contract (``PLATFORM_NOTES.md``):
 from __future__ import annotations
 
 import functools
+import textwrap
 import warnings
 from collections.abc import Callable
 from typing import Any, ClassVar, NamedTuple
@@ -197,6 +198,44 @@ class SGMCMCState(StepMethodState):
     recent: list
 
 
+#: The line of a sampler's "Sampler stats" docstring section that stands for the stats every
+#: sampler records (:meth:`SGMCMC.__init_subclass__` writes them there, from
+#: :func:`common_stats_doc`).
+COMMON_STATS_MARK = "    <common stats>\n"
+
+
+def common_stats_doc(momentum: bool) -> str:
+    """The numpydoc entries of ``diverging``, ``divergences``, ``thin`` and
+    ``minibatch_logp``, with the divergence checks of a sampler with or without a momentum."""
+    checks = (
+        "a non-finite position, momentum or force, a position beyond ``divergence_threshold``, "
+        "a collapse of the energy (the minibatch log-density less the kinetic energy's excess "
+        "over ``D / 2``) or, in the transient from the chain's start, a kinetic energy grown "
+        "beyond its sources"
+        if momentum
+        else "a non-finite position or force, a position beyond ``divergence_threshold``, or "
+        "a collapse of the minibatch log-density"
+    )
+    diverging = (
+        f"A step of the draw failed the divergence checks: {checks} (the README's "
+        '"Divergences"). The draw repeats the last sane position and the chain restarted '
+        "from it."
+    )
+    indent = " " * 8
+    return f"""    diverging : bool
+{textwrap.fill(diverging, 96, initial_indent=indent, subsequent_indent=indent)}
+    divergences : int
+        Number of diverging draws so far in this chain.
+    thin : int
+        Integrator steps per stored draw (chosen with the step size during ``tune`` when
+        neither is given).
+    minibatch_logp : float
+        Unbiased minibatch estimate of the model log-density (``model.logp()``) at the draw:
+        log prior plus N/n times the batch log-likelihood. The exact value is not reported
+        because it costs a full pass over the data at every draw.
+"""
+
+
 class SGMCMC(ArrayStepShared):
     """Base class of the stochastic-gradient samplers (not used directly).
 
@@ -290,6 +329,14 @@ class SGMCMC(ArrayStepShared):
         "thin": (np.int64, []),
         "minibatch_logp": (np.float64, []),
     }
+
+    def __init_subclass__(cls, **kwargs):
+        """A sampler's docstring gets the common stats' entries (:data:`COMMON_STATS_MARK`),
+        written once for every sampler: seven copies had drifted apart."""
+        super().__init_subclass__(**kwargs)
+        if cls.__doc__ and COMMON_STATS_MARK in cls.__doc__:
+            momentum = "kinetic_temperature" in cls.stats_dtypes_shapes
+            cls.__doc__ = cls.__doc__.replace(COMMON_STATS_MARK, common_stats_doc(momentum))
 
     def __init__(
         self,

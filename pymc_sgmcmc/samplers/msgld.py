@@ -52,18 +52,7 @@ class MSGLD(SGMCMC):
     -------------
     step_size : float
         :math:`\varepsilon`.
-    diverging : bool
-        A step of the draw failed the divergence checks: a non-finite position or force, a
-        position beyond ``divergence_threshold``, or a collapse of the minibatch log-density
-        (the README's "Divergences"). The draw repeats the last sane position and the chain
-        restarted from it.
-    divergences : int
-        Number of diverging draws so far in this chain.
-    thin : int
-        Integrator steps per stored draw (chosen with the step size during ``tune`` when
-        neither is given).
-    minibatch_logp : float
-        Unbiased minibatch estimate of the model log-density at the draw (see :class:`SGLD`).
+    <common stats>
     noise_trace : float
         :math:`\operatorname{tr}\Sigma(\theta)` at the draw: the size of the gradient noise.
         Computed at the stored steps only, from the float32 rows of the product (about 1e-7

@@ -96,20 +96,7 @@ class SGLD(SGMCMC):
     -------------
     step_size : float
         :math:`\varepsilon_t` of the step that produced the draw.
-    diverging : bool
-        A step of the draw failed the divergence checks: a non-finite position or force, a
-        position beyond ``divergence_threshold``, or a collapse of the minibatch log-density
-        (the README's "Divergences"). The draw repeats the last sane position and the chain
-        restarted from it.
-    divergences : int
-        Number of diverging draws so far in this chain.
-    thin : int
-        Integrator steps per stored draw (chosen with the step size during ``tune`` when
-        neither is given).
-    minibatch_logp : float
-        Unbiased minibatch estimate of the model log-density (``model.logp()``) at the draw:
-        log prior plus N/n times the batch log-likelihood. The exact value is not reported
-        because it costs a full pass over the data at every draw.
+    <common stats>
     """
 
     name = "sgld"

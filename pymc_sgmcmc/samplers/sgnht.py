@@ -79,21 +79,7 @@ class SGNHT(Thermostatted):
     -------------
     step_size : float
         :math:`h`.
-    diverging : bool
-        A step of the draw failed the divergence checks: a non-finite position, momentum or
-        force, a position beyond ``divergence_threshold``, a collapse of the energy (the
-        minibatch log-density less the kinetic energy's excess over ``D / 2``) or, in the
-        transient from the chain's start, a kinetic energy grown beyond its sources (the
-        README's "Divergences"). The draw repeats the last sane position and the chain
-        restarted from it.
-    divergences : int
-        Number of diverging draws so far in this chain.
-    thin : int
-        Integrator steps per stored draw (chosen with the step size during ``tune`` when
-        neither is given).
-    minibatch_logp : float
-        Unbiased minibatch estimate of the model log-density at the draw (see
-        :class:`~pymc_sgmcmc.SGLD`).
+    <common stats>
     kinetic_temperature : float
         :math:`p^\top p / D`; 1 on average at the target temperature.
     thermostat : float
