@@ -115,9 +115,14 @@ class SGNHT(Thermostatted):
         if splitting not in ("BADODAB", "euler"):
             raise ValueError(f"splitting must be 'BADODAB' or 'euler', got {splitting!r}")
         self.splitting = splitting
-        self.euler_friction = splitting == "euler"
         super().__init__(vars, **kwargs)
         self._set_thermostat_mass(thermostat_mass)
+
+    @property
+    def euler_friction(self) -> bool:
+        """Ding et al.'s scheme moves the momentum by Euler's friction (see
+        ``Thermostatted.adapted_step_size``)."""
+        return self.splitting == "euler"
 
     def initial_auxiliary(self, rng):
         return {"momentum": rng.standard_normal(self.dim)}
