@@ -1662,8 +1662,10 @@ class Thermostatted(SGMCMC):
             f"{type(self).__name__}: the kinetic temperature averaged {temperature:.3g} over "
             f"the draws instead of 1: the thermostat was still relaxing (xi moved by "
             f"{change:+.4g} from {first:.4g} over {time:.3g} units of time, at (T - 1) D/mu "
-            f"per unit time: from above at most D/mu), so the draws are too {state} (their "
-            f"spread about {np.sqrt(max(temperature, 0.0)):.2g} times the posterior's). Let "
+            f"per unit time: from above at most D/mu), so the draws are too {state} (at that "
+            f"temperature their spread would be about {np.sqrt(max(temperature, 0.0)):.2g} "
+            "times the posterior's, and a chain still on its way to the posterior is further "
+            "off). Let "
             "tune run (xi restarts at its equilibrium at each adaptation window's end, and "
             "with the step size adapted the gradient noise it absorbs stays small), start "
             "nearer the posterior, or take a smaller step_size.",
