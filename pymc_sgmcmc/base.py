@@ -913,6 +913,7 @@ class SGMCMC(ArrayStepShared):
         self.thin = 1 if self.user_thin is None else self.user_thin
         self.tune_drawn = 0
         self.transient = False  # the initial interval with an adapted step size
+        self.noise_limited = False  # the gradient noise, not the curvature, set the step size
         adapting = self.adapt_preconditioner or self.user_step_size is None
         self.boundaries = adaptation_boundaries(tune) if adapting else []
         self.window = self._new_window()
@@ -1159,7 +1160,10 @@ class SGMCMC(ArrayStepShared):
             # Not finite here (e.g. at a boundary of the support): a cautious halving.
             return 0.5 * self.step_size if self.step_size else 1e-3
         noise = sg_model.gradient_noise(points, scale, rng, anchor=self._geometry_anchor)
-        return self.adapted_step_size(curvature, noise if np.isfinite(noise) else 0.0, phase)
+        step_size = self.adapted_step_size(curvature, noise if np.isfinite(noise) else 0.0, phase)
+        # Which bound set it decides what a capped thin's warning advises.
+        self.noise_limited = step_size < self.adapted_step_size(curvature, 0.0, phase)
+        return step_size
 
     @property
     def _kernel(self) -> tuple:
@@ -1277,16 +1281,37 @@ class SGMCMC(ArrayStepShared):
                 self._warn_thin_capped(relaxation)
 
     def _warn_thin_capped(self, relaxation: int) -> None:
-        """The kept kernel's ``thin`` is shorter than a relaxation time: say by how much, and
-        what ``thin`` would give draws about one relaxation time apart."""
+        """The kept kernel's ``thin`` is shorter than a relaxation time: say by how much, what
+        ``thin`` would give draws about one relaxation time apart, and what would allow a
+        larger step size. Where the gradient noise set it, control variates (NOGIN and
+        mCCAdL on a 20,000-row logistic regression: 19-25 s against 176-276 s with
+        ``thin`` capped, the same accuracy) or a larger minibatch; where the curvature did,
+        neither: the preconditioned posterior is far narrower in one direction than in
+        another."""
+        if not self.noise_limited:
+            remedy = (
+                "The curvature, not the gradient noise, limits this step size: the "
+                "posterior is far narrower in some direction than the diagonal "
+                "preconditioner's scales (strongly correlated coordinates), and neither a "
+                "larger minibatch nor control variates would allow a larger one."
+            )
+        elif self.control_variates:
+            remedy = (
+                "The gradient noise limits this step size: a larger minibatch allows a larger one."
+            )
+        else:
+            remedy = (
+                "The gradient noise limits this step size: control_variates=True (one pass "
+                "over the data per anchor; the noise shrinks near the posterior when N is "
+                "much larger than the minibatch) or a larger minibatch allows a larger one."
+            )
         warnings.warn(
             f"{type(self).__name__}: thin was capped at {MAX_THIN} steps per draw, "
             f"{relaxation / MAX_THIN:.3g} times fewer than one relaxation time at the adapted "
             f"step_size={self.step_size:.3g} ({relaxation} steps). Successive draws are "
             "correlated and the effective sample size will be well below the number of "
             f"draws. Pass thin={relaxation} for draws about one relaxation time apart (a run "
-            f"{relaxation / MAX_THIN:.3g} times as long), or take more draws; a larger "
-            "minibatch allows a larger step size.",
+            f"{relaxation / MAX_THIN:.3g} times as long), or take more draws. {remedy}",
             RuntimeWarning,
             stacklevel=2,
         )

@@ -263,6 +263,7 @@ def test_a_thin_capped_below_a_relaxation_time_is_reported_with_the_thin_to_pass
     if capped:
         assert step.thin == MAX_THIN and relaxation > 2 * MAX_THIN
         assert f"thin={relaxation} " in messages[0]
+        assert "gradient noise limits" in messages[0] and "control_variates=True" in messages[0]
     elif thin is None:
         assert step.thin == relaxation <= MAX_THIN
     else:
@@ -286,6 +287,37 @@ def test_a_thin_capped_by_a_small_fraction_of_a_relaxation_time_is_not_reported(
         step._set_kernel(1e-3, "final")
     assert step.thin == MAX_THIN
     assert [("thin was capped" in str(w.message)) for w in caught] == [True] * warned
+
+
+@pytest.mark.parametrize(
+    ("noise", "control_variates", "advice"),
+    [
+        (1e6, False, "control_variates=True"),
+        (1e6, True, "gradient noise limits this step size: a larger minibatch"),
+        (0.0, False, "neither a larger minibatch nor control variates"),
+    ],
+)
+def test_a_capped_thin_is_reported_with_what_would_allow_a_larger_step(
+    noise, control_variates, advice, monkeypatch
+):
+    # The remedy depends on which bound set the step size: the gradient noise (control
+    # variates shrink it near the posterior; a larger minibatch too) or the curvature (a
+    # posterior far narrower in some direction than the preconditioner's scales, which
+    # neither changes). A curvature of 1e8 alone gives SGLD eps = c / 1e8, far beyond the cap.
+    with pm.Model():
+        X_mb, y_mb = pm.Minibatch(np.ones((100, 2)), np.zeros(100), batch_size=10)
+        w = pm.Normal("w", 0, 1, shape=2)
+        pm.Normal("y", X_mb @ w, 1, observed=y_mb, total_size=100)
+        step = SGLD(control_variates=control_variates)
+    sg_model = step.sg_model
+    monkeypatch.setattr(sg_model, "largest_curvature", lambda *args: 1e8 if noise == 0 else 1.0)
+    monkeypatch.setattr(sg_model, "gradient_noise", lambda *args, **kwargs: noise)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        step._set_kernel(step._choose_step_size(np.zeros(2), "final"), "final")
+    messages = [str(w.message) for w in caught if "thin was capped" in str(w.message)]
+    assert len(messages) == 1 and advice in messages[0], messages
+    assert ("control_variates=True" in messages[0]) == (noise > 0 and not control_variates)
 
 
 def sample(model, step, draws=2000, tune=1000, seed=3, **kwargs):
