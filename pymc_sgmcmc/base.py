@@ -129,10 +129,10 @@ GEOMETRY_POINTS = 4
 #: a thermostat with Euler's friction allows (``Thermostatted.adapted_step_size``): 5 % of the
 #: variance.
 EULER_TEMPERATURE_TOLERANCE = 0.05
-#: Distance of the control variates' anchor from the mode, in posterior sd (root mean square
-#: over the coordinates), beyond which the draws' anchor is reported: a posterior draw is at
-#: about 1 (chi with D degrees of freedom over sqrt(D)).
-ANCHOR_DISTANCE_WARNING = 3.0
+#: Distance from the mode, in posterior sd (root mean square over the coordinates), beyond
+#: which a chain start whose kernel is kept, or the draws' control-variate anchor, is
+#: reported: a posterior draw is at about 1 (chi with D degrees of freedom over sqrt(D)).
+FAR_FROM_MODE_WARNING = 3.0
 #: Upper bound on the memory of one block's stored positions, to size blocks at large D.
 _BLOCK_MEMORY_BYTES = 64 * 2**20
 
@@ -172,7 +172,7 @@ class SGMCMCState(StepMethodState):
     step_count: int
     divergences: int
     warned: bool
-    anchor_warned: bool
+    far_warned: bool
     stability_check_due: bool
     chain_state: dict | None
     buffer: dict | None
@@ -888,7 +888,7 @@ class SGMCMC(ArrayStepShared):
         self.step_count = 0
         self.divergences = 0
         self.warned = False
-        self.anchor_warned = False
+        self.far_warned = False
         self.stability_check_due = self.user_step_size is not None
         self.chain_state = None
         self.buffer = None
@@ -1193,35 +1193,65 @@ class SGMCMC(ArrayStepShared):
         self.anchor_force = self.sg_model.full_data_force(self.anchor)
         self.anchor_due = False
 
-    def _warn_if_anchor_far(self) -> None:
-        """The control-variate noise grows with the distance from the anchor, and the step
-        size is chosen for the noise near it (at most a few posterior sd out): an anchor far
-        from the mode with no adaptation window to follow (``tune`` below 20 from a far
-        start; or a chain still far out at the end of tuning) makes the draws too hot: SGHMC
-        and mSGLD with ``tune=0`` from 169 posterior sd out drew sds 10-28 times the
-        posterior's. Its distance from the mode in posterior sd, per coordinate,
-        is about the Newton step ``F_i / sqrt(H_ii)``, with unit variance at a posterior draw
-        (for a Gaussian posterior, whatever its correlations: Var F_i = (H Sigma H)_ii =
-        H_ii). Not the posterior's marginal sd times F_i: its variance, Sigma_ii H_ii, grows
-        with the correlations (about 20 at rho = 0.95), and an anchor at a posterior draw
-        of a logistic regression with such covariates was reported 3.2-3.7 sd out."""
+    def _warn_if_far_from_mode(self, theta: np.ndarray, kernel_from_start: bool) -> None:
+        """Report a point that no adaptation window follows, far from the mode: the start of
+        a chain whose kernel is chosen there and kept (``tune`` below 20), or the control
+        variates' anchor (the chain's start then, or its last tuning draw).
+
+        The kernel is chosen for the curvature and gradient noise at the start: SGHMC with
+        ``tune=0`` from a ``pm.find_MAP()`` of a minibatch model, 370 posterior sd out in
+        the noise scale, drew that scale's sd 19.5 times the posterior's, silently. The
+        control-variate noise grows with the distance from the anchor, and the step size is
+        chosen for the noise near it: SGHMC and mSGLD with ``tune=0`` from 169 posterior sd
+        out drew sds 10-28 times the posterior's.
+
+        The distance from the mode in posterior sd, per coordinate, is about the Newton step
+        ``F_i / sqrt(H_ii)`` (exact force, curvature from 4 minibatches), with unit variance
+        at a posterior draw (for a Gaussian posterior, whatever its correlations: Var F_i =
+        (H Sigma H)_ii = H_ii). Not the posterior's marginal sd times F_i: its variance,
+        Sigma_ii H_ii, grows with the correlations (about 20 at rho = 0.95), and an anchor at
+        a posterior draw of a logistic regression with such covariates was reported 3.2-3.7
+        sd out."""
+        anchored = self.control_variates
+        force = self.anchor_force if anchored else self.sg_model.exact_force(theta)
         rng = self.rng.spawn(1)[0]  # the chain's own stream stays as it would be
-        scale = self._curvature_scale(self.anchor, rng)
-        if scale is None:
+        scale = self._curvature_scale(theta, rng)
+        if force is None or scale is None:
             return
-        distance = float(np.sqrt(np.mean((scale * self.anchor_force) ** 2)))
-        if not np.isfinite(distance) or distance <= ANCHOR_DISTANCE_WARNING:
+        distance = float(np.sqrt(np.mean((scale * force) ** 2)))
+        if not np.isfinite(distance) or distance <= FAR_FROM_MODE_WARNING:
             return
-        self.anchor_warned = True
+        self.far_warned = True
+        where = (
+            f"{type(self).__name__}: the chain starts about {distance:.3g} posterior sd from "
+            if kernel_from_start
+            else f"{type(self).__name__}: the control variates' anchor is about "
+            f"{distance:.3g} posterior sd from "
+        )
+        if kernel_from_start:
+            chosen = ["the step size"] + ["preconditioner"] * self.adapt_preconditioner
+            chosen += ["thin"] * (self.user_thin is None)
+            chosen += ["the control variates' anchor"] * anchored
+            listed = " and ".join([", ".join(chosen[:-1]), chosen[-1]] if chosen[1:] else chosen)
+            why = (
+                f"and with tune below 20 no adaptation window follows: {listed} "
+                "were chosen for the geometry there and are kept for the draws, which also "
+                "include the way in, so the draws can be far too wide or off. Tune for at "
+                "least 150 draws"
+            )
+        else:
+            why = (
+                "and no adaptation window follows to move it closer and choose the step size "
+                "there. The control-variate force's noise grows with the distance from the "
+                "anchor and the step size allows only for the noise near it, so the draws can "
+                "be too wide. Tune for at least 150 draws (the anchor follows the chain to the "
+                "posterior)"
+            )
         warnings.warn(
-            f"{type(self).__name__}: the control variates' anchor is about {distance:.3g} "
-            "posterior sd from the mode (root mean square over the coordinates, from the "
-            "exact force and curvature there), and no adaptation window follows to move it "
-            "closer and choose the step size there. The control-variate force's noise grows "
-            "with the distance from the anchor and the step size allows only for the noise "
-            "near it, so the draws can be too wide. Tune for at least 150 draws (the anchor "
-            "follows the chain to the posterior) or start at the mode "
-            "(initvals=pm.find_MAP()).",
+            f"{where}the mode (root mean square over the coordinates, from the exact force "
+            f"and curvature there), {why} or start at the mode (initvals=pm.find_MAP() on "
+            "the model built on the full data: on a pm.Minibatch model it optimises a "
+            "different random minibatch at each evaluation).",
             RuntimeWarning,
             stacklevel=2,
         )
@@ -1277,7 +1307,8 @@ class SGMCMC(ArrayStepShared):
         if self.user_thin is None:
             relaxation = self.relaxation_steps(self.step_size)
             self.thin = int(np.clip(relaxation, 1, MAX_THIN))
-            if phase in KEPT_PHASES and relaxation > THIN_CAP_WARNING * MAX_THIN:
+            far_start = phase == "start_kept" and self.far_warned  # said why, and what to do
+            if phase in KEPT_PHASES and relaxation > THIN_CAP_WARNING * MAX_THIN and not far_start:
                 self._warn_thin_capped(relaxation)
 
     def _warn_thin_capped(self, relaxation: int) -> None:
@@ -1343,10 +1374,11 @@ class SGMCMC(ArrayStepShared):
         anchored = self.anchor_due
         if anchored:
             self._set_anchor(theta)
+        kernel_from_start = self.step_size is None and not self.boundaries
+        if (anchored or kernel_from_start) and not self.boundaries and not self.far_warned:
+            self._warn_if_far_from_mode(theta, kernel_from_start)  # no window will move it
         if self.step_size is None:
             self._initial_kernel(theta)
-        if anchored and not self.boundaries and not self.anchor_warned:
-            self._warn_if_anchor_far()  # no window will move this anchor
         # After tuning at the first kept draw; without tuning after the first block, once the
         # chain has left its starting point (often far out, with a far larger curvature).
         warmed_up = self.tune_drawn > 0 or self.chain_state is not None

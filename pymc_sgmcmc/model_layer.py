@@ -582,11 +582,13 @@ class SGModel:
             force = control.anchor_force + fixed_force - fixed_at_anchor + grads.sum(axis=0)
         return force, NoiseCovariance(grads, self.dim, self.batch_size)
 
-    def full_data_force(self, theta: np.ndarray) -> np.ndarray:
+    def full_data_force(self, theta: np.ndarray, functions: tuple | None = None) -> np.ndarray:
         """The exact force at ``theta``: the fixed terms plus every row's gradient, from the
         per-observation gradients of consecutive one-minibatch chunks (one pass over the
-        data; the last chunk wraps around and its repeated rows are dropped)."""
-        rows_fn, fixed_fn = self._full_pass_functions
+        data; the last chunk wraps around and its repeated rows are dropped). ``functions``:
+        the (rows, fixed) functions to use, by default the compiled ones of the control
+        variates' anchors."""
+        rows_fn, fixed_fn = functions or self._full_pass_functions
         total, n = self.total_rows, self.batch_size
         force = np.array(fixed_fn(theta), dtype=float)
         for start in range(0, total, n):
@@ -594,6 +596,22 @@ class SGModel:
             rows = rows_fn(theta, *([chunk] * len(self.sources)))  # each (N/n) g_i
             force += rows[: min(n, total - start)].sum(axis=0) * (n / total)
         return force
+
+    def exact_force(self, theta: np.ndarray) -> np.ndarray | None:
+        """The exact force at ``theta`` for a one-off check, with the host-side helpers (no
+        numba compilation): the fixed terms' alone without ``pm.Minibatch``, one pass over
+        the data with it; None where one pass cannot give it (``pm.Minibatch`` calls over
+        different numbers of rows)."""
+        rows_fn, fixed_fn = self._geometry_functions[1], self._one_off_fixed_force
+        if rows_fn is None:
+            return np.array(fixed_fn(theta), dtype=float)
+        if len({s.total_size for s in self.sources}) != 1:
+            return None
+        return self.full_data_force(theta, (rows_fn, fixed_fn))
+
+    @cached_property
+    def _one_off_fixed_force(self):
+        return self._function([self.theta], self.fixed_force, ONE_OFF_MODE)
 
     @property
     def total_rows(self) -> int:
@@ -785,6 +803,8 @@ class SGModel:
         state = self.__dict__.copy()
         state.pop("_geometry_functions", None)
         state.pop("_full_pass_functions", None)
+        state.pop("_one_off_fixed_force", None)
+        state.pop("_logp_function", None)
         return state
 
     def check_data_rows(self) -> None:

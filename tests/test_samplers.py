@@ -470,8 +470,32 @@ def test_a_far_anchor_that_no_window_moves_is_reported():
                     draws=5, tune=0, step=SGLD(control_variates=True), chains=1,
                     random_seed=3, initvals=initvals, **SAMPLE_KWARGS,
                 )  # fmt: skip
-            messages = [str(w.message) for w in caught if "anchor is about" in str(w.message)]
+            messages = [str(w.message) for w in caught if "sd from the mode" in str(w.message)]
             assert len(messages) == int(warned), messages
+            # The kernel is chosen there too (tune=0): one warning names both.
+            assert all("the chain starts" in m and "anchor" in m for m in messages), messages
+
+
+def test_a_far_start_whose_kernel_is_kept_is_reported_without_control_variates():
+    # With tune below 20 the step size, preconditioner and thin are chosen at the chain's
+    # start and kept for the draws. From a pm.find_MAP() of a minibatch model (370 posterior
+    # sd out in the noise scale) SGHMC drew that scale's sd 19.5 times the posterior's with
+    # no warning; its capped thin's advice (a larger thin) would not help. From w = 0, about
+    # a hundred posterior sd out, the start is reported instead; at the posterior mean not.
+    problem = GaussianRegression.make(n_obs=10_000, dim=3, batch_size=20)
+    with problem.model():
+        for initvals, warned in ((None, True), ({"w": problem.mean}, False)):
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always")
+                pm.sample(
+                    draws=5, tune=0, step=SGHMC(), chains=1, random_seed=3,
+                    initvals=initvals, **SAMPLE_KWARGS,
+                )  # fmt: skip
+            messages = [str(w.message) for w in caught]
+            far = [m for m in messages if "the chain starts about" in m]
+            assert len(far) == int(warned), messages
+            if warned:  # the far start, not thin, is what to fix
+                assert not [m for m in messages if "thin was capped" in m], messages
 
 
 def test_an_anchor_at_a_posterior_draw_of_a_correlated_posterior_is_not_reported():
