@@ -359,7 +359,7 @@ class SGMCMC(ArrayStepShared):
         vars = model.value_vars if vars is None else get_value_vars_from_user_vars(vars, model)
         self.sg_model = SGModel(model, vars)  # rejects anything but all value variables
         vars = self.sg_model.value_vars  # in the model's order, as PyMC ravels points
-        if thin is not None and (int(thin) != thin or thin < 1):
+        if thin is not None and not (np.isfinite(thin) and int(thin) == thin and thin >= 1):
             raise ValueError(f"thin must be a positive integer, got {thin}")
         if int(block_steps) != block_steps or block_steps < 1:
             raise ValueError(f"block_steps must be a positive integer, got {block_steps}")

@@ -642,6 +642,7 @@ def test_sgld_and_sgnht_sample_one_row_minibatches():
         (lambda: SGNHT(step_size=1e-3, splitting="leapfrog"), "splitting must be"),
         (lambda: SGNHT(step_size=1e-3, thermostat_mass=-1), "thermostat_mass must be positive"),
         (lambda: SGLD(step_size=1e-3, thin=0), "thin must be a positive integer"),
+        (lambda: SGLD(step_size=1e-3, thin=float("nan")), "thin must be a positive integer"),
         (
             lambda: SGLD(step_size=PolynomialDecay(a=1e-3, gamma=0.5)),
             r"gamma must lie in \(0.5, 1\]",
