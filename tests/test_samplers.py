@@ -455,45 +455,33 @@ def test_euler_thermostats_with_control_variates_keep_the_exact_posterior(factor
     assert check.passes(), check.describe()
 
 
-def test_a_far_anchor_that_no_window_moves_is_reported():
-    # With tune=0 the anchor stays at the chain's start, and the step size is chosen for the
-    # control-variate noise around it. From the model's initial point (w = 0, about a hundred
-    # posterior sd from the mode at N = 10,000) the noise where the chain goes is far above
-    # that: SGHMC and mSGLD drew sds 10-28 times the posterior's without a warning. Started
-    # at the posterior mean, the anchor is at the mode: no warning.
-    problem = GaussianRegression.make(n_obs=10_000, dim=3, batch_size=20)
-    with problem.model():
-        for initvals, warned in ((None, True), ({"w": problem.mean}, False)):
-            with warnings.catch_warnings(record=True) as caught:
-                warnings.simplefilter("always")
-                pm.sample(
-                    draws=5, tune=0, step=SGLD(control_variates=True), chains=1,
-                    random_seed=3, initvals=initvals, **SAMPLE_KWARGS,
-                )  # fmt: skip
-            messages = [str(w.message) for w in caught if "sd from the mode" in str(w.message)]
-            assert len(messages) == int(warned), messages
-            # The kernel is chosen there too (tune=0): one warning names both.
-            assert all("the chain starts" in m and "anchor" in m for m in messages), messages
-
-
-def test_a_far_start_whose_kernel_is_kept_is_reported_without_control_variates():
+@pytest.mark.parametrize(
+    "factory, anchored",
+    [(lambda: SGLD(control_variates=True), True), (SGHMC, False)],
+    ids=["SGLD-control-variates", "SGHMC"],
+)
+def test_a_far_start_whose_kernel_is_kept_is_reported(factory, anchored):
     # With tune below 20 the step size, preconditioner and thin are chosen at the chain's
-    # start and kept for the draws. From a pm.find_MAP() of a minibatch model (370 posterior
-    # sd out in the noise scale) SGHMC drew that scale's sd 19.5 times the posterior's with
-    # no warning; its capped thin's advice (a larger thin) would not help. From w = 0, about
-    # a hundred posterior sd out, the start is reported instead; at the posterior mean not.
+    # start and kept for the draws, and so is the control variates' anchor, whose noise the
+    # step size allows for. From w = 0, about a hundred posterior sd from the mode at
+    # N = 10,000, SGHMC and mSGLD with control variates drew sds 10-28 times the
+    # posterior's without a warning; SGHMC without them, from a pm.find_MAP() of a minibatch
+    # model (370 posterior sd out in the noise scale), drew that scale's sd 19.5 times the
+    # posterior's, its capped thin's advice (a larger thin) no help. At the posterior mean
+    # nothing is reported.
     problem = GaussianRegression.make(n_obs=10_000, dim=3, batch_size=20)
     with problem.model():
         for initvals, warned in ((None, True), ({"w": problem.mean}, False)):
             with warnings.catch_warnings(record=True) as caught:
                 warnings.simplefilter("always")
                 pm.sample(
-                    draws=5, tune=0, step=SGHMC(), chains=1, random_seed=3,
+                    draws=5, tune=0, step=factory(), chains=1, random_seed=3,
                     initvals=initvals, **SAMPLE_KWARGS,
                 )  # fmt: skip
             messages = [str(w.message) for w in caught]
             far = [m for m in messages if "the chain starts about" in m]
             assert len(far) == int(warned), messages
+            assert all(("control variates' anchor" in m) == anchored for m in far), far
             if warned:  # the far start, not thin, is what to fix
                 assert not [m for m in messages if "thin was capped" in m], messages
 
