@@ -1222,13 +1222,8 @@ class SGMCMC(ArrayStepShared):
         if not np.isfinite(distance) or distance <= FAR_FROM_MODE_WARNING:
             return
         self.far_warned = True
-        where = (
-            f"{type(self).__name__}: the chain starts about {distance:.3g} posterior sd from "
-            if kernel_from_start
-            else f"{type(self).__name__}: the control variates' anchor is about "
-            f"{distance:.3g} posterior sd from "
-        )
         if kernel_from_start:
+            where = "the chain starts"
             chosen = ["the step size"] + ["preconditioner"] * self.adapt_preconditioner
             chosen += ["thin"] * (self.user_thin is None)
             chosen += ["the control variates' anchor"] * anchored
@@ -1240,6 +1235,7 @@ class SGMCMC(ArrayStepShared):
                 "least 150 draws"
             )
         else:
+            where = "the control variates' anchor is"
             why = (
                 "and no adaptation window follows to move it closer and choose the step size "
                 "there. The control-variate force's noise grows with the distance from the "
@@ -1248,8 +1244,9 @@ class SGMCMC(ArrayStepShared):
                 "posterior)"
             )
         warnings.warn(
-            f"{where}the mode (root mean square over the coordinates, from the exact force "
-            f"and curvature there), {why} or start at the mode (initvals=pm.find_MAP() on "
+            f"{type(self).__name__}: {where} about {distance:.3g} posterior sd from the mode "
+            "(root mean square over the coordinates, from the exact force and curvature "
+            f"there), {why} or start at the mode (initvals=pm.find_MAP() on "
             "the model built on the full data: on a pm.Minibatch model it optimises a "
             "different random minibatch at each evaluation).",
             RuntimeWarning,
