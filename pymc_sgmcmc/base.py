@@ -70,6 +70,7 @@ from pymc_sgmcmc.model_layer import (
 from pymc_sgmcmc.numba_compile import (
     BLOCK_SCAN_NAME,
     deterministic_fastmath,
+    interrupts_as_such,
     lean_cache_wrappers,
     plain_assignment_errors,
 )
@@ -1419,7 +1420,8 @@ class SGMCMC(ArrayStepShared):
         if self._device_data is not None:
             self._device_data.refresh()
         start = self.chain_state
-        with plain_assignment_errors():  # numba compiles the block at its first call
+        # numba compiles the block at its first call; Ctrl-C while it runs reaches us wrapped.
+        with plain_assignment_errors(), interrupts_as_such():
             out = block_fn(*(start[n] for n in names), *sequences, *self._kernel)
         # JAX returns read-only views of its buffers, which PyMC's trace cannot take.
         out = [o if o.flags.writeable else np.array(o) for o in map(np.asarray, out)]

@@ -103,6 +103,7 @@ from pytensor.scan.op import Scan
 __all__ = [
     "FASTMATH",
     "deterministic_fastmath",
+    "interrupts_as_such",
     "lean_cache_wrappers",
     "plain_assignment_errors",
     "stable_state",
@@ -136,6 +137,26 @@ def plain_assignment_errors() -> Iterator[None]:
         yield
     finally:
         arrayobj.raise_with_shape_context = detailed
+
+
+@contextmanager
+def interrupts_as_such() -> Iterator[None]:
+    """Re-raise a Ctrl-C that numba wrapped in a ``SystemError`` as the ``KeyboardInterrupt``
+    it was. A compiled block runs no Python code until it returns, so Python raises a
+    pending ``KeyboardInterrupt`` in the first Python function that numba calls, which is
+    the one that hands it the array class when it boxes the block's outputs;
+    numba then reports "returned a result with an exception set", once per level of
+    nesting. ``pm.sample`` catches a ``KeyboardInterrupt`` and returns the draws so far (a
+    worker of ``cores > 1`` stops its chain); it does not catch a ``SystemError``."""
+    try:
+        yield
+    except SystemError as error:
+        cause: BaseException | None = error
+        while cause is not None:
+            if isinstance(cause, KeyboardInterrupt):
+                raise KeyboardInterrupt from error
+            cause = cause.__cause__ or cause.__context__
+        raise
 
 
 def stable_state(x):
