@@ -111,6 +111,9 @@ KINETIC_TEMPERATURE_TOLERANCE = 0.1
 #: ... and by more than this many standard deviations of the chance departure of a thermostat
 #: at its equilibrium (a short run's xi wanders).
 RELAXATION_Z = 5.0
+#: With the step size adapted, the kept draws' thermostat is reported when its time average
+#: exceeds A by more than this many times A (``Thermostatted._warn_if_thermostat_absorbing``).
+THERMOSTAT_EXCESS_WARNING = 1.0
 
 
 class Step(NamedTuple):
@@ -1476,7 +1479,7 @@ class SGMCMC(ArrayStepShared):
                 )
             if not self.tune:
                 last = self.draws_left is not None and n_draws >= self.draws_left
-                self._kept_block(start, float(np.sum(h)), last)
+                self._kept_block(start, h, traces, last)
         else:
             bad = int(np.argmin(sane))
             self.block_cap = max(1, bad // self.thin)
@@ -1495,10 +1498,17 @@ class SGMCMC(ArrayStepShared):
         self.stat_rows = None  # built at the first draw step() serves from this block
         self.cursor = 0
 
-    def _kept_block(self, start: dict[str, np.ndarray], duration: float, last: bool) -> None:
+    def _kept_block(
+        self,
+        start: dict[str, np.ndarray],
+        h: np.ndarray,
+        traces: dict[str, np.ndarray],
+        last: bool,
+    ) -> None:
         """A block of kept draws (after tuning) ran without divergence from the integrator
-        state ``start`` to ``self.chain_state`` over ``duration`` units of time; ``last``:
-        it holds the chain's last draw. For checks over the kept draws."""
+        state ``start`` to ``self.chain_state`` with the step sizes ``h`` and the per-step
+        stats ``traces``; ``last``: it holds the chain's last draw. For checks over the kept
+        draws."""
 
     def _logp_steps(self, n_steps: int) -> tuple[np.ndarray, np.ndarray]:
         """The steps of a block at which the runaway check reads the minibatch log-density
@@ -1635,7 +1645,9 @@ class Thermostatted(SGMCMC):
     (``kept_kinetic_temperature()``): every thermostat step moves xi by
     (tau / mu)(p^T p - D), so xi's net change gives it exactly. A thermostat still relaxing
     (started far from its equilibrium, which it leaves from above at most D / mu per unit
-    time) leaves the draws too cold or too hot, and a ``RuntimeWarning`` says so."""
+    time) leaves the draws too cold or too hot, and a ``RuntimeWarning`` says so. With the
+    step size adapted, a ``RuntimeWarning`` also reports xi averaging more than 2A over the
+    draws (``_warn_if_thermostat_absorbing``)."""
 
     friction: float
     #: Whether the friction and its noise are Euler's ``-h xi p`` and ``sqrt(2 A h) R`` (CCAdL's
@@ -1682,14 +1694,17 @@ class Thermostatted(SGMCMC):
         super()._reset_chain(tune, draws)
         # xi at the first kept draw's block, its net change over the kept blocks, their time.
         self.kept_thermostat = (None, 0.0, 0.0)
+        self.kept_friction_integral = 0.0  # of xi over the kept blocks' time
 
-    def _kept_block(self, start, duration, last):
+    def _kept_block(self, start, h, traces, last):
         first, change, time = self.kept_thermostat
         xi_start = float(start["thermostat"])
         change += float(self.chain_state["thermostat"]) - xi_start
+        duration = float(np.sum(h))
         self.kept_thermostat = (xi_start if first is None else first, change, time + duration)
-        if last:
-            self._warn_if_thermostat_relaxing()
+        self.kept_friction_integral += float(np.dot(traces["thermostat"], h))
+        if last and not self._warn_if_thermostat_relaxing():
+            self._warn_if_thermostat_absorbing()
 
     def kept_kinetic_temperature(self) -> float:
         """The kinetic temperature p^T p / D averaged over the kept draws' thermostat steps:
@@ -1699,20 +1714,20 @@ class Thermostatted(SGMCMC):
         _, change, time = self.kept_thermostat
         return 1.0 + self.thermostat_mass * change / (self.dim * time) if time > 0 else 1.0
 
-    def _warn_if_thermostat_relaxing(self) -> None:
+    def _warn_if_thermostat_relaxing(self) -> bool:
         """Warn when the kept draws' kinetic temperature is off 1 by more than
         ``KINETIC_TEMPERATURE_TOLERANCE`` and by more than xi's equilibrium fluctuation
         explains: the thermostat was still relaxing, and the draws are too cold or too hot.
         At its equilibrium xi has sd 1/sqrt(mu) (the invariant density's factor
         exp(-mu (xi - A)^2 / 2), Shang et al. 2015, Proposition 2), so its net change over a
-        run has sd sqrt(2 / mu)."""
+        run has sd sqrt(2 / mu). Returns whether it warned."""
         first, change, time = self.kept_thermostat
         if time <= 0:
-            return
+            return False
         temperature = self.kept_kinetic_temperature()
         chance = RELAXATION_Z * np.sqrt(2.0 * self.thermostat_mass) / (self.dim * time)
         if abs(temperature - 1.0) <= max(KINETIC_TEMPERATURE_TOLERANCE, chance):
-            return
+            return False
         state = "cold" if temperature < 1.0 else "hot"
         warnings.warn(
             f"{type(self).__name__}: the kinetic temperature averaged {temperature:.3g} over "
@@ -1728,3 +1743,38 @@ class Thermostatted(SGMCMC):
             RuntimeWarning,
             stacklevel=2,
         )
+        return True
+
+    def _warn_if_thermostat_absorbing(self) -> None:
+        """Warn when, with the step size adapted, xi averaged over the kept draws' time more
+        than ``THERMOSTAT_EXCESS_WARNING`` times A above A (and more than
+        ``RELAXATION_Z`` of its equilibrium sd 1/sqrt(mu) above it, Shang et al. 2015,
+        Proposition 2). At the adapted kernel the heat xi absorbs beyond A (the gradient
+        noise the step leaves, at most about ``noise_tolerance`` A; Euler's friction, hA/2 of
+        A) is a small fraction of A. Far above it, the noise or the curvature where the chain
+        went is well beyond what tuning measured, and the step size is too large there:
+        a thermostat that reached 12-21 in a funnel's neck (a centred random-intercept model
+        whose group scale piles up at 0) left mCCAdL's sds 0.3-0.6 of the posterior's while
+        the relaxation check, which reads the temperature at the thermostat's own steps,
+        saw 1.02."""
+        if self.user_step_size is None and self.kept_thermostat[2] > 0:
+            mean_xi = self.kept_friction_integral / self.kept_thermostat[2]
+            allowed = max(
+                THERMOSTAT_EXCESS_WARNING * self.friction,
+                RELAXATION_Z / np.sqrt(self.thermostat_mass),
+            )
+            if mean_xi - self.friction <= allowed:
+                return
+            warnings.warn(
+                f"{type(self).__name__}: the thermostat's friction xi averaged {mean_xi:.3g} "
+                f"over the draws, {mean_xi / self.friction:.3g} times the friction "
+                f"A = {self.friction:g} it stays near at the step size adapted in tune: it "
+                "absorbed the heat of gradient noise or curvature far beyond what tuning "
+                f"measured, and at step_size={self.step_size:.3g} the draws are not the "
+                "posterior's (too narrow or too wide). A common cause is a funnel: a "
+                "hierarchical scale near 0 in the centred form (write it non-centred, mu + "
+                "tau * z, when the groups' data do not pin their means down). Otherwise pass "
+                "a smaller step_size, or let tune run longer.",
+                RuntimeWarning,
+                stacklevel=2,
+            )

@@ -73,7 +73,9 @@ class SGNHT(Thermostatted):
     :class:`~pymc_sgmcmc.base.Thermostatted`). A ``RuntimeWarning`` after the last draw
     reports a thermostat still relaxing over the draws (their kinetic temperature, exact
     from :math:`\xi`'s net change, off 1 by more than 0.1): from a far start with ``tune=0``
-    the climb from A to the posterior's level takes about that level's time units.
+    the climb from A to the posterior's level takes about that level's time units. With the
+    step size adapted, another reports a thermostat whose average over the draws exceeds A
+    by more than A: it absorbed heat that tuning never measured (a funnel's neck).
 
     Sampler stats
     -------------
