@@ -220,6 +220,25 @@ def _check_free_variables(model: pm.Model, value_vars: Sequence[Variable]) -> No
         )
 
 
+def _minibatch_deterministic_fix(rv: Variable, model: pm.Model) -> str:
+    """The fix for a ``pm.Deterministic`` that reads minibatch data (a free variable cannot
+    be fixed so): PyMC's ordered likelihoods add one by default."""
+    if rv not in model.deterministics:
+        return ""
+    # They return a pm.Categorical: only the name tells.
+    made_by = [obs.name for obs in model.observed_RVs if rv.name == f"{obs.name}_probs"]
+    if made_by:
+        return (
+            f" pm.OrderedLogistic and pm.OrderedProbit add it for '{made_by[0]}' unless given "
+            "compute_p=False: pass compute_p=False."
+        )
+    return (
+        " Drop the pm.Deterministic from the sampling model and compute it after sampling, on "
+        "the model built on the full data (pm.sample_posterior_predictive(idata, "
+        f"var_names=['{rv.name}']))."
+    )
+
+
 def _check_observed(model: pm.Model, obs, sources: list[MinibatchSource]) -> MinibatchSource | None:
     """Return the minibatch source observed variable ``obs`` reads, or None for full data."""
     value = model.rvs_to_values[obs]
@@ -408,6 +427,7 @@ class SGModel:
                 raise ModelError(
                     f"'{rv.name}' is computed from pm.Minibatch data, so it would change with "
                     "every batch. Only observed variables may read minibatch data."
+                    + _minibatch_deterministic_fix(rv, model)
                 )
         self._fixed_terms = [*model.free_RVs, *fixed_obs, *model.potentials]
 

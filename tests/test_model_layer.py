@@ -655,6 +655,34 @@ def test_potential_on_minibatch_data_is_rejected():
         SGModel(model, model.value_vars)
 
 
+@pytest.mark.parametrize("likelihood", ["OrderedLogistic", "OrderedProbit"])
+def test_a_deterministic_on_minibatch_data_is_rejected_with_its_fix(likelihood):
+    # pm.OrderedLogistic / pm.OrderedProbit add a Deterministic '<name>_probs' of the batch's
+    # class probabilities by default: the error names the variable the user never wrote and
+    # the argument that removes it; a Deterministic of the user's own, how to compute it.
+    rng = np.random.default_rng(0)
+    x, labels = rng.standard_normal(30), rng.integers(0, 3, 30).astype(np.int32)
+    for compute_p in (True, False):
+        with pm.Model() as model:
+            x_mb, y_mb = pm.Minibatch(x, labels, batch_size=10)
+            b = pm.Normal("b")
+            cut = pm.Normal("cut", [-1.0, 1.0], 1.0, transform=pm.distributions.transforms.ordered)
+            getattr(pm, likelihood)(
+                "y", b * x_mb, cut, observed=y_mb, total_size=30, compute_p=compute_p
+            )
+        if compute_p:
+            with pytest.raises(
+                ModelError, match=r"'y_probs' is computed from .* pass compute_p=False\.$"
+            ):
+                SGModel(model, model.value_vars)
+        else:
+            SGModel(model, model.value_vars)
+    with model:
+        pm.Deterministic("eta", b * x_mb)
+    with pytest.raises(ModelError, match=r"'eta' .* var_names=\['eta'\]\)\)\.$"):
+        SGModel(model, model.value_vars)
+
+
 def test_minibatch_data_with_nan_rows_are_rejected():
     # A NaN in a covariate makes every batch that draws its row diverge: named at once,
     # with the rows to drop, instead of divergences (or a factorisation error) later.
