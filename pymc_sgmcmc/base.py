@@ -1757,24 +1757,26 @@ class Thermostatted(SGMCMC):
         whose group scale piles up at 0) left mCCAdL's sds 0.3-0.6 of the posterior's while
         the relaxation check, which reads the temperature at the thermostat's own steps,
         saw 1.02."""
-        if self.user_step_size is None and self.kept_thermostat[2] > 0:
-            mean_xi = self.kept_friction_integral / self.kept_thermostat[2]
-            allowed = max(
-                THERMOSTAT_EXCESS_WARNING * self.friction,
-                RELAXATION_Z / np.sqrt(self.thermostat_mass),
-            )
-            if mean_xi - self.friction <= allowed:
-                return
-            warnings.warn(
-                f"{type(self).__name__}: the thermostat's friction xi averaged {mean_xi:.3g} "
-                f"over the draws, {mean_xi / self.friction:.3g} times the friction "
-                f"A = {self.friction:g} it stays near at the step size adapted in tune: it "
-                "absorbed the heat of gradient noise or curvature far beyond what tuning "
-                f"measured, and at step_size={self.step_size:.3g} the draws are not the "
-                "posterior's (too narrow or too wide). A common cause is a funnel: a "
-                "hierarchical scale near 0 in the centred form (write it non-centred, mu + "
-                "tau * z, when the groups' data do not pin their means down). Otherwise pass "
-                "a smaller step_size, or let tune run longer.",
-                RuntimeWarning,
-                stacklevel=2,
-            )
+        time = self.kept_thermostat[2]
+        if self.user_step_size is not None or time <= 0:
+            return
+        mean_xi = self.kept_friction_integral / time
+        allowed = max(
+            THERMOSTAT_EXCESS_WARNING * self.friction,
+            RELAXATION_Z / np.sqrt(self.thermostat_mass),
+        )
+        if mean_xi - self.friction <= allowed:
+            return
+        warnings.warn(
+            f"{type(self).__name__}: the thermostat's friction xi averaged {mean_xi:.3g} over "
+            f"the draws, {mean_xi / self.friction:.3g} times the friction A = "
+            f"{self.friction:g} it stays near at the step size adapted in tune: it absorbed "
+            "the heat of gradient noise or curvature far beyond what tuning measured, and at "
+            f"step_size={self.step_size:.3g} the draws are not the posterior's (too narrow or "
+            "too wide). A common cause is a funnel: a hierarchical scale near 0 in the "
+            "centred form (write it non-centred, mu + tau * z, when the groups' data do not "
+            "pin their means down). Otherwise pass a smaller step_size, or let tune run "
+            "longer.",
+            RuntimeWarning,
+            stacklevel=2,
+        )
