@@ -271,7 +271,48 @@ def _check_observed(model: pm.Model, obs, sources: list[MinibatchSource]) -> Min
             f"observed variable '{obs.name}' sets total_size along more than its first axis; "
             "only the observation (first) axis can be minibatched."
         )
+    _check_rows_follow_batch(model, obs, source.batch_size)
     return source
+
+
+def _size_input(node: Apply) -> Variable | None:
+    """The ``size`` input of a random variable's node, or None where it fixes no length: none
+    given (PyMC sets it from the observed data's shape when neither ``shape`` nor ``dims``
+    is), or an empty one (a multivariate variable whose core axis holds the whole batch)."""
+    op = node.op
+    if hasattr(op, "size_param"):
+        size = op.size_param(node)
+    elif getattr(op, "extended_signature", None) is not None:
+        (_, index, _), _ = op.get_input_output_type_idxs(op.extended_signature)
+        size = None if index is None else node.inputs[index]
+    else:
+        return None
+    if size is None or isinstance(size.type, NoneTypeT) or size.type.shape == (0,):
+        return None
+    return size
+
+
+def _check_rows_follow_batch(model: pm.Model, obs, batch_size: int) -> None:
+    """A minibatched observed variable must take its number of rows from the batch. With
+    ``dims`` or ``shape`` the length is fixed: at a length other than the batch's, PyMC's
+    total_size scaling divides by the wrong number of rows, and at any length the one-row
+    graph of the per-observation gradients would broadcast its row to the fixed length."""
+    size = _size_input(obs.owner.inputs[0].owner)
+    if size is None or _minibatch_nodes([size]):
+        return
+    dims = model.named_vars_to_dims.get(obs.name)
+    if dims:
+        given = f"dims={dims!r} ({dims[0]!r} has {int(model.dim_lengths[dims[0]].eval())} rows)"
+    elif isinstance(size, Constant):
+        given = f"shape ({int(np.ravel(size.data)[0])} rows)"
+    else:
+        given = "shape"
+    raise ModelError(
+        f"observed variable '{obs.name}' reads pm.Minibatch data but its {given} fixes its "
+        f"number of rows, where they must follow the batch (batch_size={batch_size}): PyMC's "
+        "total_size scaling and the per-observation gradients need one term per row of the "
+        f"batch. Drop dims/shape from '{obs.name}' (keep dims on the free variables)."
+    )
 
 
 def _rebuild(outputs: Sequence[Variable], replace: dict[Variable, Variable]) -> list[Variable]:

@@ -683,6 +683,33 @@ def test_a_deterministic_on_minibatch_data_is_rejected_with_its_fix(likelihood):
         SGModel(model, model.value_vars)
 
 
+@pytest.mark.parametrize(
+    ("rows", "message"),
+    [
+        ({"dims": "obs_id"}, r"dims=\('obs_id',\) \('obs_id' has 10 rows\)"),
+        ({"dims": "all_rows"}, r"dims=\('all_rows',\) \('all_rows' has 100 rows\)"),
+        ({"shape": 10}, r"shape \(10 rows\)"),
+    ],
+)
+def test_an_observed_variable_with_fixed_rows_is_rejected(rows, message):
+    # dims (or shape) fix the observed variable's length, where it must follow the batch: at
+    # the batch's length the one-row graph broadcast its row to 10 (reported, wrongly, as a
+    # likelihood coupling the rows), at N's PyMC scaled the batch by N/N instead of N/n.
+    X, y = _regression()
+    coords = {"obs_id": np.arange(10), "all_rows": np.arange(len(y)), "coef": ["a", "b"]}
+    with pm.Model(coords=coords) as model:
+        X_mb, y_mb = pm.Minibatch(X, y, batch_size=10)
+        w = pm.Normal("w", dims="coef")  # dims on the free variables are fine
+        pm.Normal("y", X_mb @ w, 1.0, observed=y_mb, total_size=len(y), **rows)
+    with pytest.raises(ModelError, match=rf"'y' reads pm\.Minibatch data but its {message} fixes"):
+        SGModel(model, model.value_vars)
+    with pm.Model(coords=coords) as model:
+        X_mb, y_mb = pm.Minibatch(X, y, batch_size=10)
+        w = pm.Normal("w", dims="coef")
+        pm.Normal("y", X_mb @ w, 1.0, observed=y_mb, total_size=len(y), shape=y_mb.shape)
+    SGModel(model, model.value_vars)  # a shape that follows the batch is fine
+
+
 def test_minibatch_data_with_nan_rows_are_rejected():
     # A NaN in a covariate makes every batch that draws its row diverge: named at once,
     # with the rows to drop, instead of divergences (or a factorisation error) later.
