@@ -719,3 +719,17 @@ def test_bad_parameters_are_rejected(factory, message):
     with small_problem().model():
         with pytest.raises((ValueError, TypeError), match=message):
             factory()
+
+
+def test_exact_noise_covariance_with_two_minibatch_sources_is_rejected_when_built():
+    # A testing device for one source: said at the step's construction, not at the first
+    # block inside pm.sample.
+    rng = np.random.default_rng(0)
+    x1, x2 = rng.standard_normal(40), rng.standard_normal(60)
+    with pm.Model():
+        mu = pm.Normal("mu")
+        pm.Normal("a", mu, 1.0, observed=pm.Minibatch(x1, batch_size=10), total_size=40)
+        pm.Normal("b", mu, 1.0, observed=pm.Minibatch(x2, batch_size=10), total_size=60)
+        with pytest.raises(pymc_sgmcmc.ModelError, match=r"needs exactly one pm\.Minibatch call"):
+            NOGIN(step_size=1e-3, noise_covariance="exact")
+        NOGIN(step_size=1e-3)

@@ -9,6 +9,7 @@ import pytensor.tensor as pt
 
 from pymc_sgmcmc.base import SGMCMC, Step, positive
 from pymc_sgmcmc.krylov import reads_single_precision_rows
+from pymc_sgmcmc.model_layer import ModelError
 from pymc_sgmcmc.operators import damping, drift, kick, kinetic_temperature
 
 #: Largest min(D, n) for which ``solver="auto"`` forms the D x D (or n x n) system: above it,
@@ -78,7 +79,7 @@ class NOGIN(SGMCMC):
         :math:`\Sigma` from the per-observation gradients of the same minibatch as
         :math:`\tilde F` (the paper's practical choice), or, as a testing device, the exact
         full-data covariance :math:`\tfrac{N^2}{n}\mathrm{Cov}_i\, g_i(\theta)`, which costs a
-        pass over the data at every step.
+        pass over the data at every step (models with one ``pm.Minibatch`` call only).
     averaging : float, optional
         None (default, the paper): each step uses the estimate of :math:`\Sigma` from its own
         minibatch. A weight :math:`\kappa \in (0, 1]`: the step uses the moving average of the
@@ -222,6 +223,9 @@ class NOGIN(SGMCMC):
         self.cg_tolerance = float(cg_tolerance)
         self.noise_covariance = noise_covariance
         super().__init__(vars, **kwargs)
+        if noise_covariance == "exact" and len(self.sg_model.sources) != 1:
+            # Said when the step is built, not at the first block inside pm.sample.
+            raise ModelError("noise_covariance='exact' needs exactly one pm.Minibatch call")
 
     def initial_auxiliary(self, rng):
         return {"momentum": rng.standard_normal(self.dim), **self.noise_average_state("full")}
