@@ -55,6 +55,7 @@ from rich.progress import TextColumn
 from rich.table import Column
 
 from pymc_sgmcmc.adaptation import WindowVariance, adaptation_boundaries
+from pymc_sgmcmc.blas_threads import one_blas_thread
 from pymc_sgmcmc.gather_dot import with_gather_dot
 from pymc_sgmcmc.gram_product import with_covariance_kernels
 from pymc_sgmcmc.jax_compile import DeviceData, for_jax
@@ -1054,6 +1055,7 @@ class SGMCMC(ArrayStepShared):
             _, slow_window = self.boundaries.pop(0)
             self._adapt(draw, slow_window)
 
+    @one_blas_thread
     def _adapt(self, theta: np.ndarray, slow_window: bool) -> None:
         """End of an adaptation window: new control-variate anchor, new preconditioner (slow
         windows), new step size, and a restart of the integrator state at ``theta`` in the new
@@ -1370,6 +1372,7 @@ class SGMCMC(ArrayStepShared):
         values = init_fn(theta, *indices, noise, self.step_size, *self._kernel)
         return dict(zip(evaluated, values, strict=True))
 
+    @one_blas_thread
     def _fill_buffer(self, theta: np.ndarray) -> None:
         names = self.functions[1]
         anchored = self.anchor_due

@@ -417,6 +417,37 @@ def test_ctrl_c_while_a_block_runs_returns_the_draws_so_far():
     assert np.isfinite(idata.posterior["w"].values).all()
 
 
+def test_a_block_runs_on_one_openblas_thread_and_the_callers_setting_is_restored():
+    # OpenBLAS starts a thread per core in each of pm.sample's forked chain processes and
+    # hands even a step's small products to them: on pm.MvNormal rows a minibatch force took
+    # 16 ms against 27 us on one thread (pymc_sgmcmc.blas_threads). The blocks, and the
+    # chain start and adaptation around them, run on one thread; the caller keeps its own.
+    from threadpoolctl import ThreadpoolController
+
+    openblas = ThreadpoolController().select(internal_api="openblas", threading_layer="pthreads")
+    with openblas.limit(limits=2):
+        if not openblas.lib_controllers or min(c.num_threads for c in openblas.lib_controllers) < 2:
+            pytest.skip("needs OpenBLAS on pthreads that can run two threads")
+        seen = []
+        with small_problem().model():
+            step = SGLD(thin=5, block_steps=50)
+            compile_block = step._block_function
+
+            def recording_block_function():
+                block_fn, stat_names = compile_block()
+
+                def recorded(*args, **kwargs):
+                    seen.append(max(c.num_threads for c in openblas.lib_controllers))
+                    return block_fn(*args, **kwargs)
+
+                return recorded, stat_names
+
+            step._block_function = recording_block_function
+            pm.sample(draws=30, step=step, random_seed=1, **{**SAMPLE_KWARGS, "tune": 30})
+        assert len(seen) >= 6 and set(seen) == {1}  # tuning's and the draws' blocks
+        assert min(c.num_threads for c in openblas.lib_controllers) == 2
+
+
 def test_a_short_block_runs_one_padded_step_and_no_more(monkeypatch):
     # A block has one compiled length (block_length; here 8 steps); a shorter one (here the
     # 3 draws asked for) is padded with inactive steps, and the compiled loop stops after the
