@@ -1,14 +1,15 @@
 """One OpenBLAS thread while a sampler computes.
 
-A step's linear algebra is small (a batch of n rows: products of 500 x 100 matrices, 4 x 4
-triangular solves with 500 right-hand sides), and ``pm.sample`` runs its chains in parallel
-processes. OpenBLAS, as NumPy and SciPy ship it, starts one thread per core in every
-process and hands even such products to its threads; PyMC limits them (``blas_cores``)
-only where the workers are not forked, so on Linux two chains on two cores run four BLAS
-threads. On a model of ``pm.MvNormal`` rows with an ``LKJCholeskyCov`` prior (4 x 4
-solves, n = 500) the minibatch force then took 16 ms a call on a loaded 2-core machine
-against 27 us with one thread, and an idle machine ran 20,000 steps per chain with
-``cores=2`` in 17.1 s against 6.7 s (``docs/performance.md``, "BLAS threads").
+A step's linear algebra is small (a batch of n rows), and ``pm.sample`` runs its chains in
+parallel processes. OpenBLAS, as NumPy and SciPy ship it, starts one thread per core in
+every process and hands some of these small operations to its threads (a 4 x 4 triangular
+solve with 500 right-hand sides; not a GLM's matrix-vector products); PyMC limits them
+(``blas_cores``) only where the workers are not forked, so on Linux two chains on two cores
+run four BLAS threads. On ``pm.MvNormal`` rows with an ``LKJCholeskyCov`` prior (those
+solves, n = 500) the minibatch force then took 16 ms a call on a busy 2-core machine
+against 27 us with one thread, and on an idle one two chains of 20,000 steps with
+``cores=2`` took 17.1 s, and take 7.1 s with this limit (``docs/performance.md``, "BLAS
+threads").
 
 :func:`one_blas_thread` limits the OpenBLAS libraries that use its own pthreads layer
 (PyPI's NumPy and SciPy) to one thread and restores their setting on exit: 12 us for the

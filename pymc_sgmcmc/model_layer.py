@@ -294,9 +294,9 @@ def _size_input(node: Apply) -> Variable | None:
 
 def _check_rows_follow_batch(model: pm.Model, obs, batch_size: int) -> None:
     """A minibatched observed variable must take its number of rows from the batch. With
-    ``dims`` or ``shape`` the length is fixed: at a length other than the batch's, PyMC's
-    total_size scaling divides by the wrong number of rows, and at any length the one-row
-    graph of the per-observation gradients would broadcast its row to the fixed length."""
+    ``dims`` or ``shape`` the length is fixed, and PyMC sizes the variable's log-density to
+    it (``maybe_resize``): the one-row graph of the per-observation gradients would then
+    count its row that many times (or fail to broadcast)."""
     size = _size_input(obs.owner.inputs[0].owner)
     if size is None or _minibatch_nodes([size]):
         return
@@ -309,9 +309,10 @@ def _check_rows_follow_batch(model: pm.Model, obs, batch_size: int) -> None:
         given = "shape"
     raise ModelError(
         f"observed variable '{obs.name}' reads pm.Minibatch data but its {given} fixes its "
-        f"number of rows, where they must follow the batch (batch_size={batch_size}): PyMC's "
-        "total_size scaling and the per-observation gradients need one term per row of the "
-        f"batch. Drop dims/shape from '{obs.name}' (keep dims on the free variables)."
+        f"number of rows, where they must follow the batch (batch_size={batch_size}): PyMC "
+        "sizes its log-density to that length, which the per-observation gradients, taken "
+        f"one row at a time, cannot follow. Drop dims/shape from '{obs.name}' (keep dims on "
+        "the free variables)."
     )
 
 

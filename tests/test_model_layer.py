@@ -692,9 +692,10 @@ def test_a_deterministic_on_minibatch_data_is_rejected_with_its_fix(likelihood):
     ],
 )
 def test_an_observed_variable_with_fixed_rows_is_rejected(rows, message):
-    # dims (or shape) fix the observed variable's length, where it must follow the batch: at
-    # the batch's length the one-row graph broadcast its row to 10 (reported, wrongly, as a
-    # likelihood coupling the rows), at N's PyMC scaled the batch by N/N instead of N/n.
+    # dims (or shape) fix the observed variable's length, where it must follow the batch:
+    # PyMC sizes the log-density to that length, so the one-row graph of the per-observation
+    # gradients counted its row 10 or 100 times (reported, wrongly, as a likelihood coupling
+    # the rows).
     X, y = _regression()
     coords = {"obs_id": np.arange(10), "all_rows": np.arange(len(y)), "coef": ["a", "b"]}
     with pm.Model(coords=coords) as model:
