@@ -201,6 +201,29 @@ def random_intercepts(group_sd: float) -> pm.Model:
     return model
 
 
+def test_a_tuning_shorter_than_a_relaxation_time_with_a_thin_of_ones_own_is_reported():
+    # With a user's thin the drift check is off; a tuning whose tune x thin steps fall short
+    # of one relaxation time at the kept step size cannot have reached the posterior
+    # (MvNormal + LKJ, thin=10, tune=400: means 25 sd off, only PyMC's R-hat said so).
+    # N/n = 500 makes SGLD's adapted step noise-limited: a relaxation time of about 10^4
+    # steps, against 50 (thin=1: reported) and 50,000 (thin=1000: silent) tuning steps.
+    def tuning_warnings(thin):
+        with GaussianRegression.make(n_obs=5000, dim=2, batch_size=10).model():
+            step = SGLD(thin=thin)
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always")
+                pm.sample(draws=5, tune=50, chains=1, step=step, random_seed=1, **SAMPLE_KWARGS)
+        relaxation = step.relaxation_steps(step.step_size)
+        return relaxation, [w for w in caught if "tuning ran" in str(w.message)]
+
+    relaxation, short = tuning_warnings(1)
+    assert relaxation > 50 and len(short) == 1
+    assert "tune=50 x thin=1" in str(short[0].message)
+    relaxation, long = tuning_warnings(1000)
+    assert relaxation < 50_000 and not long
+    assert not tuning_warnings(None)[1]  # adapted thin: the drift check's business
+
+
 @pytest.mark.parametrize(
     "group_sd, reported", [(0.005, True), (1.0, False)], ids=["funnel", "fine"]
 )
