@@ -1100,7 +1100,7 @@ class SGMCMC(ArrayStepShared):
         relaxation time apart). Tuning that ran fewer integrator steps than one relaxation
         time at the kept step size cannot have left the chain's start behind, whatever the
         model: SGNHT with ``thin=10, tune=400`` on MvNormal rows with an LKJ prior ran 4,000
-        steps of a 50,000-step relaxation time and drew means 25 posterior sd off."""
+        steps of a 33,000-77,000-step relaxation time and drew means 25 posterior sd off."""
         tune = self.tune_drawn + self.tune_left
         steps, relaxation = tune * self.thin, self.relaxation_steps(self.step_size)
         if steps >= relaxation:
