@@ -701,6 +701,11 @@ class SGModel:
         fixed_fn = self._function([self.theta], self.fixed_force)
         return rows_fn, fixed_fn
 
+    def check_exact_noise_covariance(self) -> None:
+        """``exact_noise_covariance`` is that of a single ``pm.Minibatch`` source's rows."""
+        if len(self.sources) != 1:
+            raise ModelError("the exact noise covariance needs exactly one pm.Minibatch call")
+
     def exact_noise_covariance(self, theta: Variable) -> DenseCovariance:
         """The full-data covariance Sigma(theta) = (N^2/n) Cov_i g_i(theta) of the minibatch
         force (population covariance over all N rows, batches drawn with replacement).
@@ -708,8 +713,7 @@ class SGModel:
         A testing device (NOGIN's Lemma 2 needs the exact Sigma): it costs a full pass over
         the data. Only for a single ``pm.Minibatch`` source.
         """
-        if len(self.sources) != 1:
-            raise ModelError("the exact noise covariance needs exactly one pm.Minibatch call")
+        self.check_exact_noise_covariance()
         row_grad, single = self._row_gradient
         all_rows = {row: self.sources[0].shared_data[j][:, None] for (_, j), row in single.items()}
         rows = vectorize_graph(row_grad, all_rows)  # (N, D), each (N/n) g_i

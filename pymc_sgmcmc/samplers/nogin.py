@@ -9,7 +9,6 @@ import pytensor.tensor as pt
 
 from pymc_sgmcmc.base import SGMCMC, Step, positive
 from pymc_sgmcmc.krylov import reads_single_precision_rows
-from pymc_sgmcmc.model_layer import ModelError
 from pymc_sgmcmc.operators import damping, drift, kick, kinetic_temperature
 
 #: Largest min(D, n) for which ``solver="auto"`` forms the D x D (or n x n) system: above it,
@@ -223,9 +222,9 @@ class NOGIN(SGMCMC):
         self.cg_tolerance = float(cg_tolerance)
         self.noise_covariance = noise_covariance
         super().__init__(vars, **kwargs)
-        if noise_covariance == "exact" and len(self.sg_model.sources) != 1:
+        if noise_covariance == "exact":
             # Said when the step is built, not at the first block inside pm.sample.
-            raise ModelError("noise_covariance='exact' needs exactly one pm.Minibatch call")
+            self.sg_model.check_exact_noise_covariance()
 
     def initial_auxiliary(self, rng):
         return {"momentum": rng.standard_normal(self.dim), **self.noise_average_state("full")}
