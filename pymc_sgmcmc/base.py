@@ -75,7 +75,7 @@ from pymc_sgmcmc.numba_compile import (
     lean_cache_wrappers,
     plain_assignment_errors,
 )
-from pymc_sgmcmc.python_mode import ONE_OFF_MODE
+from pymc_sgmcmc.python_mode import one_off_mode
 from pymc_sgmcmc.runaway import (
     STRIDE,
     TRANSIENT_START,
@@ -677,7 +677,7 @@ class SGMCMC(ArrayStepShared):
             init_fn = self._function(
                 [theta, *indices, noise, h0, *kernel],
                 list(evaluated.values()),
-                {**kwargs, "mode": ONE_OFF_MODE},
+                {**kwargs, "mode": one_off_mode(list(evaluated.values()))},
             )
 
         aux = self.initial_auxiliary(np.random.default_rng(0))

@@ -22,7 +22,7 @@ makes runs reproducible and gives every chain its own minibatch stream.
 from __future__ import annotations
 
 import inspect
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import cached_property, partial
 
@@ -37,9 +37,11 @@ from pymc.pytensorf import join_nonshared_inputs
 from pymc.variational.minibatch_rv import MinibatchRandomVariable
 from pytensor.compile.builders import SymbolicOp
 from pytensor.compile.sharedvalue import SharedVariable
+from pytensor.gradient import NullTypeGradError
 from pytensor.graph.basic import Apply, Constant, Variable
 from pytensor.graph.replace import clone_replace, vectorize_graph
 from pytensor.graph.traversal import ancestors, toposort
+from pytensor.graph.utils import MethodNotDefined
 from pytensor.scalar import upcast
 from pytensor.tensor.type_other import NoneTypeT
 
@@ -53,7 +55,7 @@ from pymc_sgmcmc.krylov import (
     reads_single_precision_rows,
 )
 from pymc_sgmcmc.numba_compile import deterministic_fastmath
-from pymc_sgmcmc.python_mode import ONE_OFF_MODE
+from pymc_sgmcmc.python_mode import one_off_mode
 
 __all__ = [
     "ControlVariate",
@@ -673,7 +675,7 @@ class SGModel:
 
     @cached_property
     def _one_off_fixed_force(self):
-        return self._function([self.theta], self.fixed_force, ONE_OFF_MODE)
+        return self._function([self.theta], self.fixed_force, one_off_mode(self.fixed_force))
 
     @property
     def total_rows(self) -> int:
@@ -836,7 +838,7 @@ class SGModel:
 
     @cached_property
     def _logp_function(self):
-        return self._function([self.theta, *self.indices], self.logp, ONE_OFF_MODE)
+        return self._function([self.theta, *self.indices], self.logp, one_off_mode(self.logp))
 
     def _batch_indices(self, rng: np.random.Generator, batches: int) -> list[list[np.ndarray]]:
         """Index vectors (one per ``pm.Minibatch`` source) of ``batches`` minibatches."""
@@ -854,15 +856,35 @@ class SGModel:
 
     @cached_property
     def _geometry_functions(self):
-        v = pt.vector("v", shape=(self.dim,), dtype=self.dtype)
-        hvp = -pt.grad(pt.dot(self.force, v), self.theta)
-        hvp_fn = self._function([self.theta, *self.indices, v], hvp, ONE_OFF_MODE)
+        hvp_fn = self._hessian_vector_product()
         rows_fn = None
         if self.per_observation_gradients is not None:
             rows_fn = self._function(
-                [self.theta, *self.indices], self.per_observation_gradients, ONE_OFF_MODE
+                [self.theta, *self.indices],
+                self.per_observation_gradients,
+                one_off_mode(self.per_observation_gradients),
             )
         return hvp_fn, rows_fn
+
+    def _hessian_vector_product(self) -> Callable[..., np.ndarray]:
+        """(theta, *indices, v) -> H v, the Hessian of the minibatch's -log p: the gradient of
+        F . v where PyTensor can differentiate the force again, else central differences of
+        the force on the same rows (the error O(eps^(2/3)) of the Hessian's scale, far
+        below the minibatch's own variation). Some ops have a gradient but no second
+        derivative: PyMC's Student-t CDF (``pm.Censored(pm.StudentT.dist(nu=nu, ...))`` with
+        a free ``nu``) differentiates the incomplete beta function by a ``ScalarLoop``
+        that PyTensor cannot differentiate again, and the step size and preconditioner,
+        which only need these products, would otherwise stop the model from sampling."""
+        v = pt.vector("v", shape=(self.dim,), dtype=self.dtype)
+        try:
+            hvp = -pt.grad(pt.dot(self.force, v), self.theta)
+        except (MethodNotDefined, NotImplementedError, NullTypeGradError):
+            return partial(
+                _differenced_hessian_vector_product,
+                self._function([self.theta, *self.indices], self.force, one_off_mode(self.force)),
+                np.finfo(self.dtype).eps ** (1 / 3),
+            )
+        return self._function([self.theta, *self.indices, v], hvp, one_off_mode(hvp))
 
     def __getstate__(self):
         # Compiled helpers are rebuilt where needed (pickled to worker processes).
@@ -913,7 +935,7 @@ class SGModel:
         fn = self._function(
             [self.theta, *self.indices],
             [batch_force, self.per_observation_gradients.sum(0)],
-            ONE_OFF_MODE,
+            one_off_mode(batch_force),
         )
         theta = self.initial_theta + 0.1 * rng.standard_normal(self.dim)
         idx = [i[0] for i in self.draw_indices(rng, 1)]
@@ -1455,3 +1477,17 @@ class ScaledTarget:
 
     def exact_noise_covariance(self, phi: Variable) -> DenseCovariance:
         return self.model.exact_noise_covariance(self.position(phi)).scaled(self.scale)
+
+
+def _differenced_hessian_vector_product(
+    force_fn: Callable[..., np.ndarray], relative_step: float, theta: np.ndarray, *args
+) -> np.ndarray:
+    """H v = -(F(theta + e v) - F(theta - e v)) / (2 e) on the rows ``args[:-1]`` (``v`` is
+    ``args[-1]``), with e v of length ``relative_step`` max(1, |theta|): the step that
+    balances the central difference's truncation error against the force's rounding."""
+    *indices, v = args
+    length = np.linalg.norm(v)
+    if length == 0:
+        return np.zeros_like(v)
+    e = relative_step * max(1.0, float(np.linalg.norm(theta))) / length
+    return -(force_fn(theta + e * v, *indices) - force_fn(theta - e * v, *indices)) / (2 * e)

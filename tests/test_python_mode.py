@@ -5,11 +5,12 @@ import pymc as pm
 import pytensor
 import pytensor.tensor as pt
 import pytest
+from pytensor.graph.utils import MethodNotDefined
 from pytensor.scalar import Cast
 from pytensor.tensor.elemwise import Elemwise
 
-from pymc_sgmcmc.model_layer import SGModel
-from pymc_sgmcmc.python_mode import ONE_OFF_MODE
+from pymc_sgmcmc.model_layer import SGModel, _differenced_hessian_vector_product
+from pymc_sgmcmc.python_mode import ONE_OFF_MODE, one_off_mode
 
 
 def per_element_python_ops(fn) -> list[str]:
@@ -85,3 +86,54 @@ def test_a_softplus_network_gets_its_one_off_functions_without_per_element_pytho
     theta = 0.3 * rng.standard_normal(sg.dim)
     idx = rng.integers(0, 300, size=50)
     np.testing.assert_allclose(rows_fn(theta, idx), numba_rows(theta, idx), rtol=1e-9)
+
+
+def test_a_graph_that_loops_per_element_is_compiled():
+    """An elementwise ``ScalarLoop`` (the incomplete gamma / beta functions' gradients) would
+    run every iteration for every element in Python: such one-off functions are compiled in
+    the default mode, the others keep the Python mode."""
+    x = pt.vector("x")
+    assert one_off_mode(pt.grad(pt.gammainc(x, 2.0).sum(), x)) is not ONE_OFF_MODE
+    assert one_off_mode([pt.softplus(x), pt.exp(x)]) is ONE_OFF_MODE
+
+
+def test_a_likelihood_without_a_second_derivative_gets_its_curvature_by_differences():
+    """PyTensor cannot differentiate the gradient of the Student-t CDF in ``nu`` again (a
+    ``ScalarLoop``): the curvature that sets the step size and the preconditioner then comes
+    from central differences of the force, compiled rather than run in Python."""
+    rng = np.random.default_rng(10)
+    n_obs = 400
+    X = rng.normal(size=(n_obs, 2))
+    lower = rng.uniform(-2, 0, size=n_obs)
+    y = np.maximum(rng.standard_t(5, size=n_obs), lower)
+    with pm.Model() as model:
+        X_mb, y_mb, lower_mb = pm.Minibatch(X, y, lower, batch_size=40)
+        w = pm.Normal("w", 0, 1, shape=2)
+        nu = pm.Gamma("nu", 2, 0.1)
+        t = pm.StudentT.dist(nu=nu, mu=X_mb @ w, sigma=1)
+        pm.Censored("y", t, lower=lower_mb, upper=None, observed=y_mb, total_size=n_obs)
+        sg = SGModel(model, model.value_vars)
+    with pytest.raises(MethodNotDefined):
+        pt.grad(pt.dot(sg.force, pt.ones(sg.dim)), sg.theta)  # what the differences are for
+    diagonal = sg.curvature_diagonal(sg.initial_theta, np.random.default_rng(0))
+    assert np.all(np.isfinite(diagonal) & (diagonal > 0)), diagonal
+    assert np.isfinite(sg.largest_curvature(sg.initial_theta, np.ones(sg.dim), rng))
+
+
+def test_the_differenced_hessian_vector_product_matches_the_symbolic_one():
+    rng = np.random.default_rng(4)
+    X = rng.standard_normal((300, 3))
+    y = rng.poisson(np.exp(X @ np.array([0.3, -0.2, 0.1])))
+    with pm.Model() as model:
+        X_mb, y_mb = pm.Minibatch(X, y.astype("int32"), batch_size=30)
+        w = pm.Normal("w", 0, 1, shape=3)
+        pm.Poisson("y", pt.exp(X_mb @ w), observed=y_mb, total_size=300)
+        sg = SGModel(model, model.value_vars)
+    hvp_fn, _ = sg._geometry_functions
+    force_fn = sg._function([sg.theta, *sg.indices], sg.force, ONE_OFF_MODE)
+    step = np.finfo("float64").eps ** (1 / 3)
+    theta, idx = rng.standard_normal(3), rng.integers(0, 300, size=30)
+    for v in np.eye(3)[0], rng.standard_normal(3):
+        exact = hvp_fn(theta, idx, v)
+        differenced = _differenced_hessian_vector_product(force_fn, step, theta, idx, v)
+        np.testing.assert_allclose(differenced, exact, rtol=1e-7, atol=1e-7 * np.abs(exact).max())
