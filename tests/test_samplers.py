@@ -756,3 +756,35 @@ def test_exact_noise_covariance_with_two_minibatch_sources_is_rejected_when_buil
         with pytest.raises(pymc_sgmcmc.ModelError, match=r"needs exactly one pm\.Minibatch call"):
             NOGIN(step_size=1e-3, noise_covariance="exact")
         NOGIN(step_size=1e-3)
+
+
+@pytest.mark.parametrize(
+    "step_size, tune, warned", [(None, 300, False), (1e-4, 0, True)], ids=["adapted", "given"]
+)
+def test_noise_clipped_in_the_kept_draws_is_reported_and_in_tuning_is_not(step_size, tune, warned):
+    # SGHMC's B-hat = (h/2) Sigma-hat: A I - B-hat is not positive semi-definite at the
+    # transient's step size (clipped in about two thirds of the 300 tuning draws), but the
+    # kept step size never clips. The warning named the transient's step size and, given
+    # once per chain, could not report a kept draw after it. h = 1e-4 clips every draw.
+    rng = np.random.default_rng(7)
+    n_obs, dim = 10_000, 5
+    X = rng.normal(size=(n_obs, dim))
+    y = 2.0 + X @ np.array([1.0, -0.5, 0.2, 0.0, 0.7]) + 0.5 * rng.normal(size=n_obs)
+    with pm.Model():
+        X_mb, y_mb = pm.Minibatch(X, y, batch_size=500)
+        a = pm.Normal("a", 0, 5)
+        w = pm.Normal("w", 0, 2, shape=dim)
+        sigma = pm.HalfNormal("sigma", 2)
+        pm.Normal("y", a + X_mb @ w, sigma, observed=y_mb, total_size=n_obs)
+        with warnings.catch_warnings(record=True) as record:
+            warnings.simplefilter("always")
+            idata = pm.sample(
+                draws=50, tune=tune, step=SGHMC(step_size=step_size, gradient_noise="estimate"),
+                chains=1, random_seed=2, discard_tuned_samples=False, **SAMPLE_KWARGS,
+            )  # fmt: skip
+    messages = [str(w.message) for w in record if "positive semi-definite" in str(w.message)]
+    kept_clipped = idata.sample_stats["noise_clipped"].values
+    assert kept_clipped.all() if warned else not kept_clipped.any()
+    if tune:
+        assert idata.warmup_sample_stats["noise_clipped"].values.mean() > 0.3
+    assert len(messages) == int(warned), messages
