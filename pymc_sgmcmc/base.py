@@ -64,6 +64,7 @@ from pymc_sgmcmc.model_layer import (
     ControlVariate,
     DenseCovariance,
     DiagonalCovariance,
+    ModelError,
     ScaledTarget,
     SGModel,
     moving_average,
@@ -965,6 +966,27 @@ class SGMCMC(ArrayStepShared):
         self._served = _Served(new_point, raveled)
         return new_point, stats
 
+    def _check_rows_defined(self, theta: np.ndarray) -> None:
+        """Refuse data rows on which the log-density at the chain's start is not finite (one
+        pass over the data: 3 ms on P1, 0.5 s at N = 10^6). A Beta observation of exactly 0
+        or 1, or a value below a truncation bound, is outside the likelihood's support for
+        every parameter value: with one such row of 5,000, SGNHT's adaptation halved the
+        step size to 1.7e-18 and all 300 draws diverged at the starting point. PyMC's NUTS on
+        the full data refuses such a model at its start."""
+        rows = self.sg_model.undefined_rows(theta)
+        if not len(rows):
+            return
+        names = ", ".join(name for s in self.sg_model.sources for name in s.data_names)
+        shown = ("row " if len(rows) == 1 else "rows ") + ", ".join(map(str, rows))
+        shown += " and perhaps more" if len(rows) == 5 else ""
+        raise ModelError(
+            f"{type(self).__name__}: the log-density is not finite (NaN or -inf) at the "
+            f"chain's start on {shown} of the pm.Minibatch data ({names}): a value "
+            "outside the likelihood's support (a Beta observation of 0 or 1, a value beyond a "
+            "truncation bound, the log of a zero exposure) or a covariate the model cannot "
+            "take. Every batch that draws such a row diverges: drop or correct those rows."
+        )
+
     def _stat_columns(self, draws: slice) -> dict[str, np.ndarray]:
         """Each sampler stat's values at the buffered ``draws``."""
         return {name: values[draws] for name, values in self.buffer.items() if name != "theta"}
@@ -974,6 +996,7 @@ class SGMCMC(ArrayStepShared):
         if self.last_draw is None or not _same_point(theta, self.last_draw):
             # Chain start, or another step method moved the point: (re)start from it.
             _check_finite_start(q0, type(self).__name__)
+            self._check_rows_defined(theta)
             self.chain_state = None
             self.buffer = None
             self.chain_start = np.array(theta)

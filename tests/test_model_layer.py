@@ -8,6 +8,7 @@ import pytest
 from models import GaussianRegression
 from python_backend import python_function
 
+from pymc_sgmcmc import SGNHT
 from pymc_sgmcmc.model_layer import ControlVariate, ModelError, SGModel
 
 
@@ -810,3 +811,32 @@ def test_step_size_noise_pools_minibatches_within_the_memory_budget(monkeypatch)
         calls.clear()
         assert np.isfinite(sg.gradient_noise(points, np.ones(10), rng))
         assert len(calls) == expected
+
+
+def beta_regression_with_rows_outside_the_support(n_obs=2000):
+    rng = np.random.default_rng(10)
+    X = rng.normal(size=(n_obs, 2))
+    y = rng.beta(2.0, 3.0, size=n_obs)
+    y[[7, 1500]] = [1.0, 0.0]  # outside the Beta's support for every parameter value
+    with pm.Model() as model:
+        X_mb, y_mb = pm.Minibatch(X, y, batch_size=100)
+        w = pm.Normal("w", 0, 1, shape=2)
+        phi = pm.Gamma("phi", 2, 0.1)
+        mu = pm.math.invlogit(X_mb @ w)
+        pm.Beta("y", mu * phi, (1 - mu) * phi, observed=y_mb, total_size=n_obs)
+    return model
+
+
+def test_rows_outside_the_likelihoods_support_are_found_in_one_pass():
+    # 2 rows of 2,000: a random batch of 100 holds one with probability 0.1, so the
+    # construction's check of one batch passes, and every step that draws one diverges.
+    model = beta_regression_with_rows_outside_the_support()
+    sg = SGModel(model, model.value_vars)
+    np.testing.assert_array_equal(sg.undefined_rows(sg.initial_theta), [7, 1500])
+    assert sg.undefined_rows(sg.initial_theta, limit=1).tolist() == [7]
+
+
+def test_a_chain_start_refuses_rows_outside_the_likelihoods_support():
+    with beta_regression_with_rows_outside_the_support():
+        with pytest.raises(ModelError, match=r"not finite .* on rows 7, 1500 of the pm.Minibatch"):
+            pm.sample(step=SGNHT(), draws=10, tune=10, chains=1, progressbar=False)
