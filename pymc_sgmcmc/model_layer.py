@@ -817,16 +817,25 @@ class SGModel:
         return float(min(beta2, delta2) / delta2)
 
     def curvature_diagonal(
-        self, theta: np.ndarray, rng: np.random.Generator, batches: int = 4, probes: int = 64
+        self, theta: np.ndarray, rng: np.random.Generator, batches: int = 4
     ) -> np.ndarray:
         """The diagonal of the Hessian of -log p at ``theta``, averaged over ``batches``
-        minibatches: exact from D Hessian-vector products up to D = ``probes``, above that
-        Hutchinson's estimate E[v * Hv] over ``probes`` Rademacher vectors."""
+        minibatches: exact from D Hessian-vector products up to D = ``EXACT_CURVATURE_DIM``,
+        above that Hutchinson's estimate E[v * Hv] over as many Rademacher vectors."""
+        if self.dim <= EXACT_CURVATURE_DIM:
+            return self.curvature_entries(theta, rng, np.arange(self.dim), batches)
         hessian = self._averaged_hessian(theta, self._batch_indices(rng, batches))
-        if self.dim <= probes:
-            return np.array([hessian(e)[k] for k, e in enumerate(np.eye(self.dim))])
-        vs = rng.choice([-1.0, 1.0], size=(probes, self.dim))
+        vs = rng.choice([-1.0, 1.0], size=(EXACT_CURVATURE_DIM, self.dim))
         return np.mean([v * hessian(v) for v in vs], axis=0)
+
+    def curvature_entries(
+        self, theta: np.ndarray, rng: np.random.Generator, coordinates: np.ndarray, batches: int = 4
+    ) -> np.ndarray:
+        """H_ii at ``theta`` for the given coordinates, exactly (one Hessian-vector product
+        each), averaged over ``batches`` minibatches."""
+        hessian = self._averaged_hessian(theta, self._batch_indices(rng, batches))
+        unit = np.eye(self.dim)
+        return np.array([hessian(unit[i])[i] for i in coordinates])
 
     def minibatch_logp(
         self, theta: np.ndarray, rng: np.random.Generator, batches: int = 4
@@ -842,7 +851,8 @@ class SGModel:
         the pass reads row r mod N of each source), then each row of a non-finite chunk as a
         batch of its own (that row repeated). A random batch draws one such row of 5,000
         with probability 0.05 at n = 250, so the construction's check of one batch rarely
-        sees it, and every step that draws it diverges."""
+        sees it, and every step that draws it diverges. A ``ModelError`` if no chunk is
+        finite (then the rows are not the cause)."""
         if not self.sources:
             return np.array([], dtype=int)
         fn, n = self._logp_function, self.batch_size
@@ -851,14 +861,19 @@ class SGModel:
         def finite(rows: np.ndarray) -> bool:
             return bool(np.isfinite(fn(theta, *[rows % s.total_size for s in self.sources])))
 
+        starts = np.arange(0, total, n)
+        bad_chunks = [start for start in starts if not finite(np.arange(start, start + n))]
+        if len(bad_chunks) == len(starts):
+            raise ModelError(
+                "the log-density is not finite (NaN or -inf) at the chain's start on any "
+                "minibatch of the data: the prior or a pm.Potential is not finite there, or "
+                "every part of the data holds values outside the likelihood's support."
+            )
         bad: list[int] = []
-        for start in range(0, total, n):
-            chunk = np.arange(start, start + n)
-            if finite(chunk):
-                continue
-            for row in chunk[: total - start]:
+        for start in bad_chunks:
+            for row in range(start, min(start + n, total)):
                 if not finite(np.full(n, row)):
-                    bad.append(int(row))
+                    bad.append(row)
                     if len(bad) == limit:
                         return np.array(bad)
         return np.array(bad, dtype=int)
@@ -987,6 +1002,11 @@ class SGModel:
                 "depend only on its own row of the minibatch, not on batch statistics."
             )
 
+
+#: Largest dimension (or number of coordinates) whose Hessian diagonal is computed exactly,
+#: one Hessian-vector product per coordinate; above it Hutchinson's estimate, whose error in
+#: one coordinate can exceed its value where coordinates are coupled.
+EXACT_CURVATURE_DIM = 64
 
 #: The targets a noise-covariance estimate can be shrunk towards (:class:`ShrunkCovariance`).
 SHRINKAGE_TARGETS = ("identity", "diagonal")

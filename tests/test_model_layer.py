@@ -840,3 +840,21 @@ def test_a_chain_start_refuses_rows_outside_the_likelihoods_support():
     with beta_regression_with_rows_outside_the_support():
         with pytest.raises(ModelError, match=r"not finite .* on rows 7, 1500 of the pm.Minibatch"):
             pm.sample(step=SGNHT(), draws=10, tune=10, chains=1, progressbar=False)
+
+
+def test_a_log_density_undefined_on_every_batch_is_not_blamed_on_rows():
+    # A pm.Potential that is -inf at the start: every chunk of the pass is non-finite, and
+    # naming rows 0-4 would send the user to the wrong place.
+    rng = np.random.default_rng(0)
+    X, y = rng.standard_normal((200, 2)), rng.standard_normal(200)
+    with pm.Model() as model:
+        X_mb, y_mb = pm.Minibatch(X, y, batch_size=20)
+        w = pm.Normal("w", shape=2)
+        pm.Potential("constraint", pt.switch(w[0] > 0.5, 0.0, -np.inf))
+        pm.Normal("y", X_mb @ w, 1.0, observed=y_mb, total_size=200)
+        sg = SGModel(model, model.value_vars)
+    with pytest.raises(
+        ModelError, match=r"on any minibatch of the data: the prior or a pm\.Potential"
+    ):
+        sg.undefined_rows(sg.initial_theta)
+    assert len(sg.undefined_rows(np.array([1.0, 0.0]))) == 0
