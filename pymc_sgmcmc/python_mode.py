@@ -18,7 +18,7 @@ A ``ScalarLoop`` (the series and continued fractions of PyTensor's incomplete be
 functions' gradients: a Student-t CDF's gradient in its ``nu``, as in
 ``pm.Censored(pm.StudentT.dist(nu=nu, ...))``) has no such form: its Python ``perform`` runs
 every iteration of the loop for every element, and a chain start took minutes. Graphs that
-hold one are compiled in the default mode instead (:func:`one_off_mode`).
+hold one are compiled in the default mode instead (``one_off_mode``).
 """
 
 from __future__ import annotations

@@ -9,6 +9,7 @@ from pytensor.graph.utils import MethodNotDefined
 from pytensor.scalar import Cast
 from pytensor.tensor.elemwise import Elemwise
 
+from pymc_sgmcmc import model_layer
 from pymc_sgmcmc.model_layer import SGModel, _differenced_hessian_vector_product
 from pymc_sgmcmc.python_mode import ONE_OFF_MODE, one_off_mode
 
@@ -97,17 +98,23 @@ def test_a_graph_that_loops_per_element_is_compiled():
     assert one_off_mode([pt.softplus(x), pt.exp(x)]) is ONE_OFF_MODE
 
 
-def test_a_likelihood_without_a_second_derivative_gets_its_curvature_by_differences():
+def test_a_likelihood_without_a_second_derivative_gets_its_curvature_by_differences(
+    monkeypatch,
+):
     """PyTensor cannot differentiate the gradient of the Student-t CDF in ``nu`` again (a
     ``ScalarLoop``): the curvature that sets the step size and the preconditioner then comes
-    from central differences of the force, compiled rather than run in Python."""
+    from central differences of the force. The functions run in Python here, on batches of
+    4 rows, to keep numba's 20 s compilation of the loop out of the default run (the
+    compiled mode's choice is the test above; ``make test-slow`` samples this model against
+    NUTS)."""
+    monkeypatch.setattr(model_layer, "one_off_mode", lambda outputs: ONE_OFF_MODE)
     rng = np.random.default_rng(10)
     n_obs = 400
     X = rng.normal(size=(n_obs, 2))
     lower = rng.uniform(-2, 0, size=n_obs)
     y = np.maximum(rng.standard_t(5, size=n_obs), lower)
     with pm.Model() as model:
-        X_mb, y_mb, lower_mb = pm.Minibatch(X, y, lower, batch_size=40)
+        X_mb, y_mb, lower_mb = pm.Minibatch(X, y, lower, batch_size=4)
         w = pm.Normal("w", 0, 1, shape=2)
         nu = pm.Gamma("nu", 2, 0.1)
         t = pm.StudentT.dist(nu=nu, mu=X_mb @ w, sigma=1)
