@@ -851,8 +851,8 @@ class SGModel:
         the pass reads row r mod N of each source), then each row of a non-finite chunk as a
         batch of its own (that row repeated). A random batch draws one such row of 5,000
         with probability 0.05 at n = 250, so the construction's check of one batch rarely
-        sees it, and every step that draws it diverges. A ``ModelError`` if no chunk is
-        finite (then the rows are not the cause)."""
+        sees it, and every step that draws it diverges. A ``ModelError`` if no chunk and no
+        row of the first chunk is finite (then the rows are not the cause)."""
         if not self.sources:
             return np.array([], dtype=int)
         fn, n = self._logp_function, self.batch_size
@@ -863,11 +863,12 @@ class SGModel:
 
         starts = np.arange(0, total, n)
         bad_chunks = [start for start in starts if not finite(np.arange(start, start + n))]
-        if len(bad_chunks) == len(starts):
+        rows_alone_finite = (finite(np.full(n, row)) for row in range(min(n, total)))
+        if len(bad_chunks) == len(starts) and not any(rows_alone_finite):
             raise ModelError(
                 "the log-density is not finite (NaN or -inf) at the chain's start on any "
-                "minibatch of the data: the prior or a pm.Potential is not finite there, or "
-                "every part of the data holds values outside the likelihood's support."
+                "minibatch of the data, nor on any row of the first batch alone: the prior or a "
+                "pm.Potential is not finite there."
             )
         bad: list[int] = []
         for start in bad_chunks:

@@ -813,13 +813,13 @@ def test_step_size_noise_pools_minibatches_within_the_memory_budget(monkeypatch)
         assert len(calls) == expected
 
 
-def beta_regression_with_rows_outside_the_support(n_obs=2000):
+def beta_regression_with_rows_outside_the_support(n_obs=2000, batch_size=100):
     rng = np.random.default_rng(10)
     X = rng.normal(size=(n_obs, 2))
     y = rng.beta(2.0, 3.0, size=n_obs)
     y[[7, 1500]] = [1.0, 0.0]  # outside the Beta's support for every parameter value
     with pm.Model() as model:
-        X_mb, y_mb = pm.Minibatch(X, y, batch_size=100)
+        X_mb, y_mb = pm.Minibatch(X, y, batch_size=batch_size)
         w = pm.Normal("w", 0, 1, shape=2)
         phi = pm.Gamma("phi", 2, 0.1)
         mu = pm.math.invlogit(X_mb @ w)
@@ -834,6 +834,10 @@ def test_rows_outside_the_likelihoods_support_are_found_in_one_pass():
     sg = SGModel(model, model.value_vars)
     np.testing.assert_array_equal(sg.undefined_rows(sg.initial_theta), [7, 1500])
     assert sg.undefined_rows(sg.initial_theta, limit=1).tolist() == [7]
+    # One batch of all the rows: every chunk is non-finite, yet rows are the cause.
+    model = beta_regression_with_rows_outside_the_support(n_obs=2000, batch_size=2000)
+    sg = SGModel(model, model.value_vars)
+    np.testing.assert_array_equal(sg.undefined_rows(sg.initial_theta), [7, 1500])
 
 
 def test_a_chain_start_refuses_rows_outside_the_likelihoods_support():
@@ -854,7 +858,7 @@ def test_a_log_density_undefined_on_every_batch_is_not_blamed_on_rows():
         pm.Normal("y", X_mb @ w, 1.0, observed=y_mb, total_size=200)
         sg = SGModel(model, model.value_vars)
     with pytest.raises(
-        ModelError, match=r"on any minibatch of the data: the prior or a pm\.Potential"
+        ModelError, match=r"on any minibatch of the data, nor on any row .* pm\.Potential"
     ):
         sg.undefined_rows(sg.initial_theta)
     assert len(sg.undefined_rows(np.array([1.0, 0.0]))) == 0
