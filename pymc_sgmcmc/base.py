@@ -974,12 +974,13 @@ class SGMCMC(ArrayStepShared):
         every parameter value: with one such row of 5,000, SGNHT's adaptation halved the
         step size to 1.7e-18 and all 300 draws diverged at the starting point. PyMC's NUTS on
         the full data refuses such a model at its start."""
-        rows = self.sg_model.undefined_rows(theta)
+        limit = 5  # rows named
+        rows = self.sg_model.undefined_rows(theta, limit)
         if not len(rows):
             return
         names = ", ".join(name for s in self.sg_model.sources for name in s.data_names)
         shown = ("row " if len(rows) == 1 else "rows ") + ", ".join(map(str, rows))
-        shown += " and perhaps more" if len(rows) == 5 else ""
+        shown += " and perhaps more" if len(rows) == limit else ""
         raise ModelError(
             f"{type(self).__name__}: the log-density is not finite (NaN or -inf) at the "
             f"chain's start on {shown} of the pm.Minibatch data ({names}): a value "
@@ -1133,12 +1134,11 @@ class SGMCMC(ArrayStepShared):
         if len(coordinates) > EXACT_CURVATURE_DIM:
             # Hutchinson's estimate of each entry is too noisy to widen a scale by.
             return scale
-        diagonal = np.full(self.dim, np.nan)
-        diagonal[coordinates] = self.sg_model.curvature_entries(theta, self.rng, coordinates)
-        usable = np.isfinite(diagonal) & (diagonal > 0)
-        with np.errstate(divide="ignore"):
-            curvature_scale = 1.0 / np.sqrt(np.where(usable, diagonal, np.inf))
-        return np.where(usable, np.maximum(scale, curvature_scale), scale)
+        entries = self.sg_model.curvature_entries(theta, self.rng, coordinates)
+        usable = np.isfinite(entries) & (entries > 0)
+        widened, coordinates = scale.copy(), coordinates[usable]
+        widened[coordinates] = np.maximum(scale[coordinates], 1.0 / np.sqrt(entries[usable]))
+        return widened
 
     def _new_window(self) -> WindowVariance:
         """The draws' moments until the next window end (split in halves at its middle)."""

@@ -675,7 +675,7 @@ class SGModel:
 
     @cached_property
     def _one_off_fixed_force(self):
-        return self._function([self.theta], self.fixed_force, one_off_mode(self.fixed_force))
+        return self._one_off_function([self.theta], self.fixed_force)
 
     @property
     def total_rows(self) -> int:
@@ -696,6 +696,11 @@ class SGModel:
             return pytensor.function(
                 inputs, outputs, mode=mode, on_unused_input="ignore", allow_input_downcast=True
             )
+
+    def _one_off_function(self, inputs, outputs):
+        """A helper run once or a few times per chain, in ``one_off_mode``: Python's
+        perform, or compiled where an op loops per element."""
+        return self._function(inputs, outputs, one_off_mode(outputs))
 
     @cached_property
     def _full_pass_functions(self):
@@ -881,7 +886,7 @@ class SGModel:
 
     @cached_property
     def _logp_function(self):
-        return self._function([self.theta, *self.indices], self.logp, one_off_mode(self.logp))
+        return self._one_off_function([self.theta, *self.indices], self.logp)
 
     def _batch_indices(self, rng: np.random.Generator, batches: int) -> list[list[np.ndarray]]:
         """Index vectors (one per ``pm.Minibatch`` source) of ``batches`` minibatches."""
@@ -902,10 +907,8 @@ class SGModel:
         hvp_fn = self._hessian_vector_product()
         rows_fn = None
         if self.per_observation_gradients is not None:
-            rows_fn = self._function(
-                [self.theta, *self.indices],
-                self.per_observation_gradients,
-                one_off_mode(self.per_observation_gradients),
+            rows_fn = self._one_off_function(
+                [self.theta, *self.indices], self.per_observation_gradients
             )
         return hvp_fn, rows_fn
 
@@ -924,10 +927,10 @@ class SGModel:
         except (MethodNotDefined, NotImplementedError, NullTypeGradError):
             return partial(
                 _differenced_hessian_vector_product,
-                self._function([self.theta, *self.indices], self.force, one_off_mode(self.force)),
+                self._one_off_function([self.theta, *self.indices], self.force),
                 np.finfo(self.dtype).eps ** (1 / 3),
             )
-        return self._function([self.theta, *self.indices, v], hvp, one_off_mode(hvp))
+        return self._one_off_function([self.theta, *self.indices, v], hvp)
 
     def __getstate__(self):
         # Compiled helpers are rebuilt where needed (pickled to worker processes).
@@ -975,10 +978,9 @@ class SGModel:
             return
         rng = rng or np.random.default_rng(0)
         batch_force = self.force - self.fixed_force
-        fn = self._function(
+        fn = self._one_off_function(
             [self.theta, *self.indices],
             [batch_force, self.per_observation_gradients.sum(0)],
-            one_off_mode(batch_force),
         )
         theta = self.initial_theta + 0.1 * rng.standard_normal(self.dim)
         idx = [i[0] for i in self.draw_indices(rng, 1)]
