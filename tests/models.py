@@ -79,3 +79,23 @@ class GaussianRegression:
         xbar = X.T @ self.X / n_obs
         spread = second / n_obs - xbar @ cov @ xbar.T
         return n_obs**2 / self.batch_size * (centre + spread)
+
+
+def censored_student_t(batch_size: int | None, n_obs=5000):
+    """A regression with Student-t noise of unknown ``nu``, censored below at per-row bounds:
+    PyTensor has no second derivative of the Student-t CDF in ``nu``."""
+    rng = np.random.default_rng(10)
+    X = rng.normal(size=(n_obs, 2))
+    lower = rng.uniform(-2, 0, size=n_obs)
+    y = np.maximum(rng.standard_t(5, size=n_obs), lower)
+    with pm.Model() as model:
+        if batch_size is None:
+            X_obs, y_obs, lower_obs, total = X, y, lower, None
+        else:
+            X_obs, y_obs, lower_obs = pm.Minibatch(X, y, lower, batch_size=batch_size)
+            total = n_obs
+        w = pm.Normal("w", 0, 1, shape=2)
+        nu = pm.Gamma("nu", 2, 0.1)
+        t = pm.StudentT.dist(nu=nu, mu=X_obs @ w, sigma=1)
+        pm.Censored("y", t, lower=lower_obs, upper=None, observed=y_obs, total_size=total)
+    return model

@@ -5,6 +5,7 @@ import pymc as pm
 import pytensor
 import pytensor.tensor as pt
 import pytest
+from models import censored_student_t
 from pytensor.graph.utils import MethodNotDefined
 from pytensor.scalar import Cast
 from pytensor.tensor.elemwise import Elemwise
@@ -108,23 +109,15 @@ def test_a_likelihood_without_a_second_derivative_gets_its_curvature_by_differen
     compiled mode's choice is the test above; ``make test-slow`` samples this model against
     NUTS)."""
     monkeypatch.setattr(model_layer, "one_off_mode", lambda outputs: ONE_OFF_MODE)
-    rng = np.random.default_rng(10)
-    n_obs = 400
-    X = rng.normal(size=(n_obs, 2))
-    lower = rng.uniform(-2, 0, size=n_obs)
-    y = np.maximum(rng.standard_t(5, size=n_obs), lower)
-    with pm.Model() as model:
-        X_mb, y_mb, lower_mb = pm.Minibatch(X, y, lower, batch_size=4)
-        w = pm.Normal("w", 0, 1, shape=2)
-        nu = pm.Gamma("nu", 2, 0.1)
-        t = pm.StudentT.dist(nu=nu, mu=X_mb @ w, sigma=1)
-        pm.Censored("y", t, lower=lower_mb, upper=None, observed=y_mb, total_size=n_obs)
+    with censored_student_t(batch_size=4, n_obs=400) as model:
         sg = SGModel(model, model.value_vars)
     with pytest.raises(MethodNotDefined):
         pt.grad(pt.dot(sg.force, pt.ones(sg.dim)), sg.theta)  # what the differences are for
     diagonal = sg.curvature_diagonal(sg.initial_theta, np.random.default_rng(0))
     assert np.all(np.isfinite(diagonal) & (diagonal > 0)), diagonal
-    assert np.isfinite(sg.largest_curvature(sg.initial_theta, np.ones(sg.dim), rng))
+    assert np.isfinite(
+        sg.largest_curvature(sg.initial_theta, np.ones(sg.dim), np.random.default_rng(1))
+    )
 
 
 def test_the_differenced_hessian_vector_product_matches_the_symbolic_one():

@@ -7,6 +7,7 @@ import numpy as np
 import pymc as pm
 import pytest
 from checks import Z_TOLERANCE
+from models import censored_student_t
 
 from pymc_sgmcmc import SGLD, SGNHT
 
@@ -272,26 +273,6 @@ def test_covariance_samplers_match_nuts_on_a_zero_inflated_poisson(sampler):
         m0, se_m0, v0, se_v0 = moments(nuts.posterior[name].values)
         assert abs(m - m0) < Z_TOLERANCE * np.hypot(se_m, se_m0), (name, m, m0, se_m, se_m0)
         assert abs(v - v0) < Z_TOLERANCE * np.hypot(se_v, se_v0), (name, v, v0, se_v, se_v0)
-
-
-def censored_student_t(batch_size: int | None, n_obs=5000):
-    """A regression with Student-t noise of unknown ``nu``, censored below at per-row bounds:
-    PyTensor has no second derivative of the Student-t CDF in ``nu``."""
-    rng = np.random.default_rng(10)
-    X = rng.normal(size=(n_obs, 2))
-    lower = rng.uniform(-2, 0, size=n_obs)
-    y = np.maximum(rng.standard_t(5, size=n_obs), lower)
-    with pm.Model() as model:
-        if batch_size is None:
-            X_obs, y_obs, lower_obs, total = X, y, lower, None
-        else:
-            X_obs, y_obs, lower_obs = pm.Minibatch(X, y, lower, batch_size=batch_size)
-            total = n_obs
-        w = pm.Normal("w", 0, 1, shape=2)
-        nu = pm.Gamma("nu", 2, 0.1)
-        t = pm.StudentT.dist(nu=nu, mu=X_obs @ w, sigma=1)
-        pm.Censored("y", t, lower=lower_obs, upper=None, observed=y_obs, total_size=total)
-    return model
 
 
 def test_a_likelihood_without_a_second_derivative_matches_nuts():
