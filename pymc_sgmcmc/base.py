@@ -83,6 +83,7 @@ from pymc_sgmcmc.runaway import (
     TRANSIENT_START,
     TransientReference,
     checked_series,
+    extreme_flags,
     first_reference,
     runaway_flags,
     running_medians,
@@ -1539,6 +1540,10 @@ class SGMCMC(ArrayStepShared):
             flags |= heat_flags
         sane[checked[flags]] = False
         sane[stored_steps[~np.isfinite(stored_logps)]] = False
+        typical = self.typical_logp if self.typical_logp is not None else checked_values[0]
+        if np.isfinite(typical):
+            stored_values = checked_series(logps, temperatures, self.dim)[stored_steps]
+            sane[stored_steps[extreme_flags(stored_values, typical, self.logp_spreads)]] = False
         if sane.all():
             self.chain_state = dict(zip(names, final, strict=True))
             self.step_count += n_steps
