@@ -31,6 +31,7 @@ import pymc as pm
 import pytensor
 import pytensor.tensor as pt
 from pymc.data import MinibatchOp
+from pymc.distributions.truncated import Truncated, TruncatedRV
 from pymc.logprob.basic import transformed_conditional_logp
 from pymc.logprob.utils import replace_rvs_by_values
 from pymc.pytensorf import join_nonshared_inputs
@@ -282,6 +283,10 @@ def _size_input(node: Apply) -> Variable | None:
     given (PyMC sets it from the observed data's shape when neither ``shape`` nor ``dims``
     is), or an empty one (a multivariate variable whose core axis holds the whole batch)."""
     op = node.op
+    if isinstance(op, TruncatedRV):
+        # Its inputs are the base distribution's, then the bounds; a truncated Poisson
+        # (rejection sampling) has no extended_signature for size_param to read.
+        return _size_input(op.base_rv_op.make_node(*node.inputs[:-2]))
     if hasattr(op, "size_param"):
         size = op.size_param(node)
     elif getattr(op, "extended_signature", None) is not None:
@@ -339,6 +344,8 @@ def _rebuild(outputs: Sequence[Variable], replace: dict[Variable, Variable]) -> 
             new_outputs = node.op(*inputs, return_list=True)
         elif isinstance(node.op, MinibatchRandomVariable):
             new_outputs = _rebuild_minibatch_rv(node.op, inputs)
+        elif isinstance(node.op, TruncatedRV):
+            new_outputs = _rebuild_truncated_rv(node.op, inputs)
         elif _rebuildable_rv(node.op):
             new_outputs = _rebuild_rv(node.op, inputs)
         else:
@@ -355,6 +362,19 @@ def _rebuild_minibatch_rv(op: MinibatchRandomVariable, inputs: Sequence[Variable
     rv, *total_size = inputs
     sizes = [None if isinstance(t.type, NoneTypeT) else t for t in total_size]
     return op.make_node(rv, *sizes).outputs
+
+
+def _rebuild_truncated_rv(op: TruncatedRV, inputs: Sequence[Variable]) -> list[Variable]:
+    """``pm.Truncated`` for new inputs, as PyMC resizes it (``change_truncated_size``): the
+    base distribution built afresh and truncated again. Its ``make_node`` forces new inputs
+    into the old static shapes (``_rebuild``), and it has no ``rv_op`` taking its own inputs:
+    a hurdle regression's truncated Poisson (``pm.HurdlePoisson`` with a minibatch ``mu``)
+    kept the batch's 400 rows in the one-row graph and failed ("SpecifyShape: Got shape
+    (1, 1), expected (None, 400)")."""
+    *rv_inputs, lower, upper = inputs
+    base = op.base_rv_op.make_node(*rv_inputs).default_output()
+    rebuilt = Truncated.rv_op(base, lower=lower, upper=upper, max_n_steps=op.max_n_steps)
+    return rebuilt.owner.outputs
 
 
 def _rebuildable_rv(op) -> bool:

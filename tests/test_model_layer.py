@@ -300,6 +300,7 @@ def _family_data():
         positive=positive,
         unit=rng.beta(2.0, 3.0, n_obs),
         counts=counts,
+        positive_counts=counts + 1,
         zero_inflated=np.where(rng.random(n_obs) < 0.3, 0, counts).astype(np.int32),
         hurdle=np.where(rng.random(n_obs) < 0.3, 0.0, positive),
         pairs=rng.standard_normal((n_obs, 2)),
@@ -362,6 +363,18 @@ LIKELIHOOD_FAMILIES = {
             "y", psi=pm.math.sigmoid(a), mu=b + 1, observed=c, **kw
         ),
     ),
+    "HurdlePoisson regression": (
+        ("x", "zero_inflated"),
+        lambda a, b, x, c, **kw: pm.HurdlePoisson(
+            "y", psi=pm.math.sigmoid(a), mu=pt.exp(a + b * x), observed=c, **kw
+        ),
+    ),
+    "HurdleNegativeBinomial regression": (
+        ("x", "zero_inflated"),
+        lambda a, b, x, c, **kw: pm.HurdleNegativeBinomial(
+            "y", psi=0.7, mu=pt.exp(a + b * x), alpha=b + 0.5, observed=c, **kw
+        ),
+    ),
     "HurdleGamma": (
         ("hurdle",),
         lambda a, b, p, **kw: pm.HurdleGamma(
@@ -382,6 +395,12 @@ LIKELIHOOD_FAMILIES = {
         ("clipped",),
         lambda a, b, x, **kw: pm.Truncated(
             "y", pm.Normal.dist(a, b + 0.5), lower=-3, upper=3, observed=x, **kw
+        ),
+    ),
+    "Truncated Poisson regression": (
+        ("x", "positive_counts"),
+        lambda a, b, x, c, **kw: pm.Truncated(
+            "y", pm.Poisson.dist(pt.exp(a + b * x)), lower=1, observed=c, **kw
         ),
     ),
     "Censored": (
@@ -423,7 +442,9 @@ def test_per_observation_gradients_of_pymc_likelihood_families(family):
     # taken from the batch graph on a batch repeating one row). Before the one-row graph
     # rebuilt PyMC's symbolic random variables, the zero-inflated and hurdle families were
     # rejected as not splitting per observation (their row terms came out n times over) and
-    # the multivariate rows (total_size=(N, None)) raised a TypeError.
+    # the multivariate rows (total_size=(N, None)) raised a TypeError. A truncated
+    # distribution whose parameters read the batch (a hurdle or truncated count regression)
+    # failed to compile until pm.Truncated was rebuilt too.
     keys, likelihood = LIKELIHOOD_FAMILIES[family]
     data = _family_data()
     n_obs, batch = len(data["x"]), 8
