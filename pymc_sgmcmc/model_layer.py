@@ -31,6 +31,7 @@ import pymc as pm
 import pytensor
 import pytensor.tensor as pt
 from pymc.data import MinibatchOp
+from pymc.distributions.timeseries import RandomWalkRV
 from pymc.distributions.truncated import Truncated, TruncatedRV
 from pymc.logprob.basic import transformed_conditional_logp
 from pymc.logprob.utils import replace_rvs_by_values
@@ -274,8 +275,25 @@ def _check_observed(model: pm.Model, obs, sources: list[MinibatchSource]) -> Min
             f"observed variable '{obs.name}' sets total_size along more than its first axis; "
             "only the observation (first) axis can be minibatched."
         )
+    _check_data_sliced_with_parameters(obs, value)
     _check_rows_follow_batch(model, obs, source.batch_size)
     return source
+
+
+def _check_data_sliced_with_parameters(obs, value: Variable) -> None:
+    """Observed data that do not come from the pm.Minibatch call its parameters read (only
+    X passed through it, y given whole) would pair batch row i with row i of the whole
+    array. A scalar (or a length-1 axis) broadcast over the rows is the same for every row."""
+    if _minibatch_nodes([value]) or value.type.ndim == 0 or value.type.shape[0] == 1:
+        return
+    described = f" (shape {value.data.shape})" if isinstance(value, Constant) else ""
+    raise ModelError(
+        f"observed variable '{obs.name}' reads pm.Minibatch data through its parameters, but "
+        f"its observed data{described} are not from that pm.Minibatch call, so row i of the "
+        "batch would be paired with row i of the whole array. Slice them together, "
+        f"`X_mb, y_mb = pm.Minibatch(X, y, batch_size=n)`, and pass observed=y_mb to "
+        f"'{obs.name}'."
+    )
 
 
 def _size_input(node: Apply) -> Variable | None:
@@ -364,6 +382,14 @@ def _rebuild_minibatch_rv(op: MinibatchRandomVariable, inputs: Sequence[Variable
     return op.make_node(rv, *sizes).outputs
 
 
+def _distribution_name(obs: Variable) -> str:
+    """The PyMC distribution of an observed variable, for messages (``AutoRegressiveRV``)."""
+    node = obs.owner
+    if isinstance(node.op, MinibatchRandomVariable):
+        node = node.inputs[0].owner
+    return type(node.op).__name__
+
+
 def _rebuild_truncated_rv(op: TruncatedRV, inputs: Sequence[Variable]) -> list[Variable]:
     """``pm.Truncated`` for new inputs, as PyMC resizes it (``change_truncated_size``): the
     base distribution built afresh and truncated again. Its ``make_node`` forces new inputs
@@ -394,8 +420,20 @@ def _rebuild_rv(op, inputs: Sequence[Variable]) -> list[Variable]:
     kwargs = {}
     if size is not None:
         kwargs["size"] = inputs[size]
-    if len(rngs) == 1 and "rng" in inspect.signature(op.rv_op).parameters:
+    elif isinstance(op, RandomWalkRV):
+        # Its inputs are the distributions already resized to (T, *batch, *support), from
+        # which rv_op would take (T, *batch) for the batch: the walk's batch shape is given.
+        init = inputs[params[0]]
+        support = init.owner.op.ndim_supp
+        kwargs["size"] = tuple(init.shape)[1 : init.type.ndim - support]
+    parameters = inspect.signature(op.rv_op).parameters
+    if len(rngs) == 1 and "rng" in parameters:
         kwargs["rng"] = inputs[rngs[0]]
+    # Required arguments that are the op's settings, not inputs (pm.AR's ar_order and
+    # constant_term; without them its rebuild raised a TypeError).
+    for name, parameter in list(parameters.items())[len(params) :]:
+        if parameter.default is inspect.Parameter.empty and hasattr(op, name):
+            kwargs[name] = getattr(op, name)
     rebuilt = op.rebuild_rv(*(inputs[i] for i in params), **kwargs)
     value = rebuilt[-1] if isinstance(rebuilt, list | tuple) else rebuilt
     return value.owner.outputs
@@ -535,21 +573,35 @@ class SGModel:
         )
         values = [model.rvs_to_values[obs] for obs in observed]
         replace = self._slice_replacements(rows, [*in_values, *values])
-        sliced = _rebuild([*in_values, *values], replace)
-        new_rvs, new_values = sliced[: len(observed)], sliced[len(observed) :]
-        terms = transformed_conditional_logp(
-            rvs=new_rvs,
-            rvs_to_values=dict(zip(new_rvs, new_values, strict=True)),
-            rvs_to_transforms={},
-        )
+        try:
+            sliced = _rebuild([*in_values, *values], replace)
+            new_rvs, new_values = sliced[: len(observed)], sliced[len(observed) :]
+            terms = transformed_conditional_logp(
+                rvs=new_rvs,
+                rvs_to_values=dict(zip(new_rvs, new_values, strict=True)),
+                rvs_to_transforms={},
+            )
+        except Exception as error:
+            # PyMC's random-variable classes are rebuilt for a batch's rows here; one this
+            # layer does not know how to rebuild fails deep inside PyMC or PyTensor.
+            kinds = [f"'{obs.name}' ({_distribution_name(obs)})" for obs in observed]
+            raise ModelError(
+                f"the log-density of the observed variables {', '.join(kinds)} could not be "
+                f"taken one minibatch row at a time ({type(error).__name__}: {error}). Each "
+                "row of the batch must be an independent observation of a distribution that "
+                "PyMC can rebuild for fewer rows; write the likelihood with pm.CustomDist or a "
+                "standard distribution over the rows if this one cannot be."
+            ) from error
         rows = []
         for obs, term in zip(observed, terms, strict=True):
             if term.type.ndim == 0:
                 raise ModelError(
-                    f"observed variable '{obs.name}' has one joint log-density for the whole "
-                    "batch (a multivariate distribution over the observation axis?), so it "
-                    "cannot be split per observation. Make the observation axis the first, "
-                    "batch, axis of independent rows."
+                    f"observed variable '{obs.name}' ({_distribution_name(obs)}) has one "
+                    "joint log-density for the whole batch (a time series such as pm.AR or "
+                    "pm.GaussianRandomWalk, or a multivariate distribution, along the "
+                    "observation axis), so it cannot be split per observation. Make the "
+                    "observation axis the first, batch, axis of independent rows (independent "
+                    "series as rows of an (N, T) array, total_size=(N, None))."
                 )
             rows.append(term.sum(axis=tuple(range(1, term.type.ndim))))
         return rows

@@ -304,6 +304,7 @@ def _family_data():
         zero_inflated=np.where(rng.random(n_obs) < 0.3, 0, counts).astype(np.int32),
         hurdle=np.where(rng.random(n_obs) < 0.3, 0.0, positive),
         pairs=rng.standard_normal((n_obs, 2)),
+        series=np.cumsum(rng.standard_normal((n_obs, 6)), axis=1),
         simplex=rng.dirichlet(np.ones(3), n_obs),
         multinomial=rng.multinomial(10, [0.2, 0.3, 0.5], n_obs).astype(np.int32),
     )
@@ -421,6 +422,18 @@ LIKELIHOOD_FAMILIES = {
             "y", nu=5, mu=pt.stack([a, a]), scale=(b + 1) * np.eye(2), observed=y, **kw
         ),
     ),
+    "AR rows": (
+        ("series",),
+        lambda a, b, y, **kw: pm.AR(
+            "y", rho=pt.stack([a]), sigma=b + 0.5, init_dist=pm.Normal.dist(0, 2), observed=y, **kw
+        ),
+    ),
+    "GaussianRandomWalk rows": (
+        ("series",),
+        lambda a, b, y, **kw: pm.GaussianRandomWalk(
+            "y", mu=a, sigma=b + 0.5, init_dist=pm.Normal.dist(0, 2), observed=y, **kw
+        ),
+    ),
     "Dirichlet rows": (
         ("simplex",),
         lambda a, b, p, **kw: pm.Dirichlet(
@@ -444,7 +457,9 @@ def test_per_observation_gradients_of_pymc_likelihood_families(family):
     # rejected as not splitting per observation (their row terms came out n times over) and
     # the multivariate rows (total_size=(N, None)) raised a TypeError. A truncated
     # distribution whose parameters read the batch (a hurdle or truncated count regression)
-    # failed to compile until pm.Truncated was rebuilt too.
+    # failed to compile until pm.Truncated was rebuilt too, and independent time series as
+    # rows (pm.AR, pm.GaussianRandomWalk) until their rebuild was given the op's settings
+    # and the walk's batch shape.
     keys, likelihood = LIKELIHOOD_FAMILIES[family]
     data = _family_data()
     n_obs, batch = len(data["x"]), 8
@@ -657,13 +672,35 @@ def test_likelihood_coupling_rows_is_rejected():
         sg.check_factorisation()
 
 
-def test_joint_density_over_the_batch_is_rejected():
+@pytest.mark.parametrize("likelihood", ["MvNormal", "AR", "GaussianRandomWalk"])
+def test_joint_density_over_the_batch_is_rejected(likelihood):
+    # A single time series read through pm.Minibatch once failed inside PyMC (a bare
+    # AssertionError for the random walk, a TypeError for pm.AR) instead of saying why.
     X, y = _regression()
     with pm.Model() as model:
         X_mb, y_mb = pm.Minibatch(X, y, batch_size=10)
         w = pm.Normal("w", shape=2)
-        pm.MvNormal("y", X_mb @ w, np.eye(10), observed=y_mb, total_size=100)
-    with pytest.raises(ModelError, match="'y' has one joint log-density for the whole batch"):
+        init = pm.Normal.dist(0.0, 10.0)
+        if likelihood == "MvNormal":
+            pm.MvNormal("y", X_mb @ w, np.eye(10), observed=y_mb, total_size=100)
+        elif likelihood == "AR":
+            pm.AR("y", rho=w, sigma=1.0, init_dist=init, observed=y_mb, total_size=100)
+        else:
+            pm.GaussianRandomWalk("y", mu=w[0], init_dist=init, observed=y_mb, total_size=100)
+    with pytest.raises(ModelError, match=r"'y' \(\w+\) has one joint log-density for the whole"):
+        SGModel(model, model.value_vars)
+
+
+@pytest.mark.parametrize("rows", [100, 10], ids=["whole", "first rows"])
+def test_observed_data_not_sliced_with_its_parameters_is_rejected(rows):
+    # Only X through pm.Minibatch, y given whole (or its first n rows): the message once told
+    # the user to drop a dims/shape they had not given.
+    X, y = _regression()
+    with pm.Model() as model:
+        X_mb = pm.Minibatch(X, batch_size=10)
+        w = pm.Normal("w", shape=2)
+        pm.Normal("y", X_mb @ w, 1.0, observed=y[:rows], total_size=100)
+    with pytest.raises(ModelError, match=r"its observed data \(shape .* pm\.Minibatch\(X, y"):
         SGModel(model, model.value_vars)
 
 
