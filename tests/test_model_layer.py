@@ -370,12 +370,6 @@ LIKELIHOOD_FAMILIES = {
             "y", psi=pm.math.sigmoid(a), mu=pt.exp(a + b * x), observed=c, **kw
         ),
     ),
-    "HurdleNegativeBinomial regression": (
-        ("x", "zero_inflated"),
-        lambda a, b, x, c, **kw: pm.HurdleNegativeBinomial(
-            "y", psi=0.7, mu=pt.exp(a + b * x), alpha=b + 0.5, observed=c, **kw
-        ),
-    ),
     "HurdleGamma": (
         ("hurdle",),
         lambda a, b, p, **kw: pm.HurdleGamma(
