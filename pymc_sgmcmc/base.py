@@ -1524,7 +1524,8 @@ class SGMCMC(ArrayStepShared):
         # The momentum samplers' check follows the energy (``runaway.checked_series``).
         traces = dict(zip(stat_names, stats, strict=True))
         temperatures = traces.get("kinetic_temperature")
-        checked_values = checked_series(logps, temperatures, self.dim)[checked]
+        series = checked_series(logps, temperatures, self.dim)
+        checked_values = series[checked]
         stored = slice(self.thin - 1, None, self.thin)
         buffer = {
             "theta": thetas[stored],
@@ -1552,9 +1553,9 @@ class SGMCMC(ArrayStepShared):
         sane[checked[flags]] = False
         sane[stored_steps[~np.isfinite(stored_logps)]] = False
         typical = self.typical_logp if self.typical_logp is not None else checked_values[0]
-        if np.isfinite(typical):
-            stored_values = checked_series(logps, temperatures, self.dim)[stored_steps]
-            sane[stored_steps[extreme_flags(stored_values, typical, self.logp_spreads)]] = False
+        if self.thin > STRIDE and np.isfinite(typical):  # else runaway_flags read them
+            extreme = extreme_flags(series[stored_steps], typical, self.logp_spreads)
+            sane[stored_steps[extreme]] = False
         if sane.all():
             self.chain_state = dict(zip(names, final, strict=True))
             self.step_count += n_steps
