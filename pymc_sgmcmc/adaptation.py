@@ -78,6 +78,16 @@ STORED_DRAWS_TAU = (1 + np.exp(-1)) / (1 - np.exp(-1))
 #: at tune=200), so the warning also asks for a statistic that chance reaches this rarely
 #: (:meth:`WindowVariance.drift_warning`).
 DRIFT_WARNING_FALSE_ALARMS = 0.01
+#: Correlation of two coordinates' draws over a window at which the warnings at the end of
+#: tuning name the pair (:meth:`WindowVariance.strong_correlations`): the diagonal
+#: preconditioner leaves a direction (1 + r) / (1 - r) = 99 times narrower in variance than
+#: the other, so the long direction takes about 10 relaxation times of the narrow one to
+#: cross. Independent coordinates' draws reach it by chance only beyond 12 standard errors
+#: (Fisher's z at 30 effective draws, the shortest window the warnings read).
+STRONG_CORRELATION = 0.98
+#: Largest dimension whose window draws are kept for :meth:`WindowVariance.strong_correlations`
+#: (a window of 500 draws: 4 MB, and 0.2 s for the correlation matrix, once, at a warning).
+CORRELATION_MAX_DIM = 1000
 
 
 @dataclass
@@ -119,6 +129,7 @@ class WindowVariance:
     dim: int
     length: int = 0
     halves: tuple[_Moments, _Moments] = field(init=False)
+    draws: list[np.ndarray] = field(init=False, default_factory=list)
 
     def __post_init__(self):
         self.halves = (_Moments(self.dim), _Moments(self.dim))
@@ -130,6 +141,34 @@ class WindowVariance:
     def add(self, x: np.ndarray) -> None:
         first, second = self.halves
         (first if first.count < self.length // 2 else second).add(x)
+        if self.dim <= CORRELATION_MAX_DIM:
+            self.draws.append(np.array(x, dtype=float))
+
+    def strong_correlations(
+        self, level: float = STRONG_CORRELATION, limit: int = 3
+    ) -> list[tuple[int, int, float]]:
+        """The pairs of coordinates (i, j, r), strongest first and at most ``limit``, whose
+        draws over the window were correlated at ``|r| >= level``: a posterior direction the
+        diagonal preconditioner cannot follow. Each half of the window is centred on its
+        own mean, so that a chain that travelled between the halves does not by that alone
+        correlate the coordinates it moved (a straight path would correlate them all). Empty
+        above ``CORRELATION_MAX_DIM`` coordinates and below 10 draws per half."""
+        split = self.halves[0].count
+        if len(self.draws) != self.count or min(split, self.count - split) < 10:
+            return []
+        draws = np.asarray(self.draws)
+        centred = np.concatenate(
+            [draws[:split] - draws[:split].mean(0), draws[split:] - draws[split:].mean(0)]
+        )
+        sd = np.sqrt(np.einsum("ij,ij->j", centred, centred))
+        moving = np.flatnonzero(sd > 0)
+        if moving.size < 2:
+            return []
+        unit = centred[:, moving] / sd[moving]
+        r = np.triu(unit.T @ unit, k=1)
+        i, j = np.nonzero(np.abs(r) >= level)
+        order = np.argsort(-np.abs(r[i, j]))[:limit]
+        return [(int(moving[i[k]]), int(moving[j[k]]), float(r[i[k], j[k]])) for k in order]
 
     def drift_statistics(self) -> np.ndarray:
         """Per coordinate: the difference of the window's two halves' means in pooled

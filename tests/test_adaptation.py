@@ -21,6 +21,7 @@ from pymc_sgmcmc.adaptation import (
     DRIFT_THRESHOLD,
     DRIFT_WARNING_FALSE_ALARMS,
     PRIOR_DRAWS,
+    STRONG_CORRELATION,
     WindowVariance,
     adaptation_boundaries,
 )
@@ -379,6 +380,63 @@ def test_a_capped_thin_is_reported_with_what_would_allow_a_larger_step(
     messages = [str(w.message) for w in caught if "thin was capped" in str(w.message)]
     assert len(messages) == 1 and advice in messages[0], messages
     assert ("control_variates=True" in messages[0]) == (noise > 0 and not control_variates)
+
+
+def test_a_window_names_the_strongly_correlated_pairs_and_only_those():
+    # 50 coordinates of a sampling chain over 100 draws (about 46 effective): independent
+    # pairs' sample correlations have sd 0.15, so none reaches 0.98 (12 Fisher-z standard
+    # errors). Two pairs are mixed to correlations -0.999 and 0.99, and a third pair moves
+    # together between the halves only (a chain that travelled): that is not a correlation.
+    assert STRONG_CORRELATION == 0.98
+    rng = np.random.default_rng(2)
+    x = ar1_draws(rng, 100, 50)
+    x[:, 1] = -0.999 * x[:, 0] + np.sqrt(1 - 0.999**2) * x[:, 1]
+    x[:, 3] = 0.99 * x[:, 2] + np.sqrt(1 - 0.99**2) * x[:, 3]
+    x[50:, 4:6] += 8.0
+    window = WindowVariance(50, 100)
+    for row in x:
+        window.add(row)
+    pairs = window.strong_correlations()
+    assert [(i, j) for i, j, _r in pairs] == [(0, 1), (2, 3)]
+    assert pairs[0][2] < -0.99 and pairs[1][2] > 0.98
+    assert WindowVariance(50, 100).strong_correlations() == []
+
+
+def year_regression(centred: bool) -> pm.Model:
+    """y = -40 + 0.025 year + noise over the years 1990-2020: with the year as given the
+    intercept and slope are correlated at -0.99998 a posteriori."""
+    rng = np.random.default_rng(0)
+    n_obs = 5000
+    year = rng.integers(1990, 2021, n_obs).astype(float)
+    y = -40.0 + 0.025 * year + rng.standard_normal(n_obs)
+    x = year - year.mean() if centred else year
+    with pm.Model() as model:
+        x_mb, y_mb = pm.Minibatch(x, y, batch_size=500)
+        a = pm.Normal("a", 0, 100)
+        b = pm.Normal("b", 0, 1)
+        pm.Normal("y", a + b * x_mb, pm.HalfNormal("sigma", 5), observed=y_mb, total_size=n_obs)
+    return model
+
+
+@pytest.mark.parametrize("centred", [False, True])
+def test_an_uncentred_covariate_is_reported_with_the_pair_and_the_fix(centred):
+    # Uncentred, every sampler drew a and b 7-12 posterior sd from NUTS's, warned of drift and
+    # a capped thin, whose remedies (control variates, a longer tune, the thin it gave) did
+    # not help: the warnings now name the pair and say to centre the covariate. Centred,
+    # the same run is right and says nothing.
+    with year_regression(centred):
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            pm.sample(50, tune=300, step=SGNHT(), chains=1, random_seed=1, **SAMPLE_KWARGS)
+    messages = [str(w.message) for w in caught if "SGNHT" in str(w.message)]
+    if centred:
+        assert messages == []
+        return
+    assert any("still drifting" in m for m in messages)
+    assert any("thin was capped" in m for m in messages)
+    for message in messages:
+        assert "the draws of 'a' and 'b' (r = -0.99" in message, message
+        assert "centre the covariate (x - x.mean())" in message
 
 
 def sample(model, step, draws=2000, tune=1000, seed=3, **kwargs):
