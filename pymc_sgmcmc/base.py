@@ -58,7 +58,7 @@ from pymc_sgmcmc.adaptation import WindowVariance, adaptation_boundaries
 from pymc_sgmcmc.blas_threads import one_blas_thread
 from pymc_sgmcmc.gather_dot import with_gather_dot
 from pymc_sgmcmc.gram_product import with_covariance_kernels
-from pymc_sgmcmc.jax_compile import DeviceData, for_jax
+from pymc_sgmcmc.jax_compile import DeviceData, for_jax, jax_has_float64
 from pymc_sgmcmc.model_layer import (
     EXACT_CURVATURE_DIM,
     SHRINKAGE_TARGETS,
@@ -77,7 +77,7 @@ from pymc_sgmcmc.numba_compile import (
     lean_cache_wrappers,
     plain_assignment_errors,
 )
-from pymc_sgmcmc.python_mode import one_off_mode
+from pymc_sgmcmc.python_mode import has_scalar_loop, one_off_mode
 from pymc_sgmcmc.runaway import (
     STRIDE,
     TRANSIENT_START,
@@ -384,6 +384,15 @@ class SGMCMC(ArrayStepShared):
         self.block_steps = min(int(block_steps), max_steps)
         self.mode = mode
         self.compile_kwargs = dict(compile_kwargs or {})
+        if self.static_shapes and has_scalar_loop(self.sg_model.force):
+            raise ModelError(
+                "mode='JAX' cannot compile this model's force: its gradient holds a "
+                "ScalarLoop (PyTensor's series for the derivative of an incomplete beta or "
+                "gamma function in its shape parameter, such as a censored or truncated "
+                "Student-t's CDF in a free nu), which PyTensor's JAX backend does not "
+                "implement. Use the default backend (no mode), or give that parameter a "
+                "fixed value."
+            )
         self._functions = None
         super().__init__(vars, {}, blocked=blocked, rng=rng)
         self._reset_chain(tune=0, draws=None)
@@ -759,6 +768,12 @@ class SGMCMC(ArrayStepShared):
         n_idx, n_all = len(index_seqs), len(index_seqs_all)
         stat_names: list[str] = []
 
+        # JAX in a float32 process has no float64 (``jax_compile.jax_has_float64``): a cast to
+        # it would be truncated to float32, with a warning at every block's first trace.
+        record_dtype = (
+            "float64" if not self.static_shapes or jax_has_float64() else pytensor.config.floatX
+        )
+
         def one_step(*args):
             idx_t, logp_idx_t = list(args[:n_idx]), list(args[n_idx : 2 * n_idx])
             noise_idx = {"noise_indices": list(args[2 * n_idx : n_all])} if noise_index_seqs else {}
@@ -782,15 +797,15 @@ class SGMCMC(ArrayStepShared):
             # the other steps skip it. Computed in every step it cost as much as the rest of a
             # logistic-regression step (an exp and a log1p per row, which the gradient does
             # not need); a second scan over those steps cost ~2 s of a cold compile.
-            # Recorded in float64, also for a float32 model: JAX computes its minibatch sums in
-            # float64 (``jax_compile``), and both branches must have one type.
-            logp = self.sg_model.logp_at(draw, logp_idx_t).astype("float64")
-            wanted = [logp, *(pt.as_tensor(v).astype("float64") for v in draw_stats.values())]
-            nan = pt.constant(np.nan, dtype="float64")
+            # Recorded in one type (both branches must have one), float64 also for a float32
+            # model where the backend has it (``record_dtype``).
+            logp = self.sg_model.logp_at(draw, logp_idx_t).astype(record_dtype)
+            wanted = [logp, *(pt.as_tensor(v).astype(record_dtype) for v in draw_stats.values())]
+            nan = pt.constant(np.nan, dtype=record_dtype)
             logp, *draw_values = ifelse(logp_t, wanted, [nan] * len(wanted))
             # Only the state is masked: the traced outputs of inactive steps are discarded.
             new = [pt.switch(active_t, v, state[n]) for n, v in zip(names, new, strict=True)]
-            stat_values = [pt.as_tensor(v).astype("float64") for v in step.stats.values()]
+            stat_values = [pt.as_tensor(v).astype(record_dtype) for v in step.stats.values()]
             outputs = [*new, draw, sane, logp, *stat_values, *draw_values]
             return outputs if self.static_shapes else (outputs, until(~active_t))
 

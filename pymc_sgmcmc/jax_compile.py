@@ -10,8 +10,21 @@ which ``jax.lax.scan`` refuses ("carry input and carry output must have equal ty
 
 The rewrite ``reduce_then_cast`` makes the narrowing explicit, ``Sum{acc=float64}(x)`` ->
 ``Cast{float32}(Sum{dtype=float64}(x))``: the same values (accumulated in float64, rounded
-once) in every backend. It is registered under the tag ``sgmcmc_jax_reduce`` and included
-for the JAX backend only (:func:`for_jax`).
+once) in every backend. In a float32 process PyTensor leaves JAX without 64-bit types, so
+there the accumulator is float32 (``Sum{acc=float32}(x)``), as JAX would make it anyway. It
+is registered under the tag ``sgmcmc_jax_reduce`` and included for the JAX backend only
+(:func:`for_jax`), with ``split_once_for_all_rows``.
+
+JAX splits an array only at positions known when it traces (``jnp.split``), and PyTensor's
+JAX ``Blockwise`` maps the core op over the batch with ``jnp.vectorize``, which makes every
+batched input a tracer. The per-observation gradients of a ``pm.Mixture`` with a list of
+components (``pm.ZeroInflatedPoisson`` is one) differentiate the stack of the components'
+log-densities, whose gradient is a ``Split``; vectorised over a batch's rows it becomes
+``Blockwise{Split}`` with split sizes ``Alloc([[1]], 1, 2)``: one row of sizes, broadcast,
+which is not folded to a constant. Under JAX the samplers that build those gradients (mSGLD,
+CCAdL, mCCAdL, NOGIN) failed to trace ("Abstract tracer value encountered ... in
+jax.numpy.split"). ``split_once_for_all_rows`` splits the whole batch along the core axis
+with the sizes folded to a constant.
 
 PyTensor hands a shared variable's value to the jitted function at every call, and a NumPy
 array then crosses to the accelerator each time: a block's whole data set, not its
@@ -38,11 +51,12 @@ import pytensor
 from pytensor.compile import optdb
 from pytensor.compile.mode import Mode, get_mode
 from pytensor.compile.sharedvalue import SharedVariable
-from pytensor.graph.basic import Variable
+from pytensor.graph.basic import Constant, Variable
 from pytensor.graph.rewriting.basic import in2out, node_rewriter
 from pytensor.graph.traversal import graph_inputs
 from pytensor.link.jax.linker import JAXLinker
-from pytensor.tensor.basic import cast
+from pytensor.tensor.basic import Split, cast, constant
+from pytensor.tensor.blockwise import Blockwise
 from pytensor.tensor.elemwise import CAReduce
 from pytensor.tensor.type import TensorType
 
@@ -59,15 +73,57 @@ def reduce_then_cast(fgraph, node):
     wide, narrow = getattr(op, "acc_dtype", None), node.outputs[0].type.dtype
     if wide is None or wide == narrow:
         return None
+    if wide == "float64" and not jax_has_float64():
+        # JAX would truncate the float64 accumulator to float32 anyway, warning ("Explicitly
+        # requested dtype float64 ... is not available") at every block's first trace.
+        return [op.clone(acc_dtype=narrow)(*node.inputs)]
     return [cast(op.clone(dtype=wide)(*node.inputs), narrow)]
+
+
+def jax_has_float64() -> bool:
+    """Whether JAX has its 64-bit types (``jax_enable_x64``), which PyTensor's JAX backend
+    turns on when it is imported in a process whose ``floatX`` is float64, and off
+    otherwise (a float32 model in a float64 process keeps them)."""
+    import jax
+
+    return bool(jax.config.jax_enable_x64)
+
+
+@node_rewriter([Blockwise])
+def split_once_for_all_rows(fgraph, node):
+    """``Blockwise{Split}(x, sizes)`` with the same constant sizes for every batch entry
+    (their batch dimensions broadcastable) -> ``Split`` of the whole ``x`` along the core
+    axis, the sizes a constant that JAX's ``jnp.split`` can read when it traces."""
+    op = node.op
+    if not isinstance(op.core_op, Split):
+        return None
+    x, sizes = node.inputs
+    core_x_ndim = len(op.inputs_sig[0])
+    batch_ndim = x.ndim - core_x_ndim
+    if sizes.ndim < 1 or not all(sizes.type.broadcastable[:-1]):
+        return None
+    if not all(isinstance(v, Constant) for v in graph_inputs([sizes])):
+        return None
+    from pymc_sgmcmc.python_mode import ONE_OFF_MODE
+
+    core_sizes = sizes[(0,) * (sizes.ndim - 1)] if sizes.ndim > 1 else sizes
+    values = pytensor.function([], core_sizes, mode=ONE_OFF_MODE)()
+    core = op.core_op
+    axis = (core.axis % core_x_ndim) + batch_ndim
+    outputs = Split(core.len_splits, axis=axis)(x, constant(np.asarray(values)), return_list=True)
+    if any(o.type.ndim != n.type.ndim for o, n in zip(outputs, node.outputs, strict=True)):
+        return None
+    return outputs
 
 
 # Late, after the rewrites that create or fuse reductions (the in-place ones run at 49.5+).
 optdb.register("reduce_then_cast", in2out(reduce_then_cast), TAG, position=49.4)
+optdb.register("split_once_for_all_rows", in2out(split_once_for_all_rows), TAG, position=49.4)
 
 
 def for_jax(mode) -> Mode | str | None:
-    """Where the linker is JAX's, ``mode`` with the rewrite ``reduce_then_cast`` included and
+    """Where the linker is JAX's, ``mode`` with the rewrites ``reduce_then_cast`` and
+    ``split_once_for_all_rows`` included and
     the Krylov kernels kept (not expanded into scans; their JAX implementations registered,
     :func:`register_krylov_kernels`); otherwise ``mode`` unchanged."""
     resolved = get_mode(mode)

@@ -37,7 +37,7 @@ from pytensor.scalar.math import Log1mexp, Softplus
 from pytensor.tensor.elemwise import Elemwise
 from pytensor.tensor.extra_ops import broadcast_shape
 
-__all__ = ["ONE_OFF_MODE", "one_off_mode"]
+__all__ = ["ONE_OFF_MODE", "has_scalar_loop", "one_off_mode"]
 
 TAG = "sgmcmc_ufunc_elemwise"
 
@@ -108,10 +108,17 @@ def one_off_mode(outputs: Variable | list[Variable]) -> Mode:
     see the module docstring). On a censored Student-t regression with a free ``nu``
     (N = 5,000, n = 250) SGNHT's first chain start had not finished after 10 minutes in
     Python; compiled, tuning and 100 draws took 63 s."""
+    return get_default_mode() if has_scalar_loop(outputs) else ONE_OFF_MODE
+
+
+def has_scalar_loop(outputs: Variable | list[Variable]) -> bool:
+    """Whether the graphs of ``outputs`` hold an elementwise ``ScalarLoop`` (PyTensor's
+    series and continued fractions for the derivatives of the incomplete beta and gamma
+    functions in their shape parameters)."""
     outputs = outputs if isinstance(outputs, list | tuple) else [outputs]
-    for var in ancestors(outputs):
-        node = var.owner
-        if node is not None and isinstance(node.op, Elemwise):
-            if _loops_per_element(node.op.scalar_op):
-                return get_default_mode()
-    return ONE_OFF_MODE
+    return any(
+        var.owner is not None
+        and isinstance(var.owner.op, Elemwise)
+        and _loops_per_element(var.owner.op.scalar_op)
+        for var in ancestors(outputs)
+    )

@@ -20,7 +20,7 @@ from models import GaussianRegression
 from python_backend import python_function
 
 from pymc_sgmcmc import MSGLD, NOGIN, SGHMC, SGLD, SGNHT, CCAdL, MCCAdL
-from pymc_sgmcmc.model_layer import DenseCovariance
+from pymc_sgmcmc.model_layer import DenseCovariance, ModelError
 
 pytest.importorskip("jax")
 
@@ -113,13 +113,90 @@ def test_jax_runs_a_float32_model_in_float32(name):
     results = []
     for mode in (None, "JAX"):
         problem = GaussianRegression.make(n_obs=200, dim=3, batch_size=20, dtype="float32")
-        with problem.model():
+        with problem.model(), warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
             step = make(block_steps=50, mode=mode)
             results.append(pm.sample(step=step, random_seed=5, tune=30, draws=70, **SAMPLE_KWARGS))
     default, on_jax = (r.posterior["w"].values for r in results)
     assert default.dtype == on_jax.dtype == np.float32
+    # JAX has no float64 here: nothing asks it for one (its reductions' float64 accumulators
+    # and the stats' casts were truncated, with a warning at each block's first trace).
+    assert not [w for w in caught if "float64" in str(w.message)], caught
     np.testing.assert_allclose(on_jax, default, rtol=0, atol=1e-5)
     assert jax.config.jax_enable_x64 == (pytensor.config.floatX == "float64")
+
+
+@pytest.mark.parametrize("cls", [MSGLD, NOGIN], ids=lambda c: c.__name__)
+def test_jax_samples_a_mixture_of_a_list_of_components_with_per_row_gradients(cls):
+    # pm.ZeroInflatedPoisson is a pm.Mixture of a list of two components: the per-row
+    # gradients of their stacked log-densities split the stack again, per row, with sizes
+    # that JAX could not read when it traced (``jax_compile.split_once_for_all_rows``); the
+    # samplers that build those gradients failed there.
+    rng = np.random.default_rng(1)
+    n_obs = 300
+    X = rng.standard_normal((n_obs, 2))
+    counts = rng.poisson(np.exp(0.5 + X @ np.array([0.4, -0.3])))
+    y = np.where(rng.random(n_obs) < 0.25, 0, counts).astype(np.int32)
+    results = []
+    for mode in (None, "JAX"):
+        with pm.Model():
+            X_mb, y_mb = pm.Minibatch(X, y, batch_size=30)
+            w = pm.Normal("w", 0, 2, shape=2)
+            mu = pm.math.exp(pm.Normal("a", 0, 2) + X_mb @ w)
+            psi = pm.Beta("psi", 2, 2)
+            pm.ZeroInflatedPoisson("y", psi=psi, mu=mu, observed=y_mb, total_size=n_obs)
+            step = cls(step_size=1e-3, block_steps=50, mode=mode)
+            results.append(pm.sample(step=step, random_seed=5, tune=0, draws=60, **SAMPLE_KWARGS))
+    assert_same_chain(*results, stats=("minibatch_logp", "diverging"))
+
+
+def test_jax_rejects_a_force_it_cannot_compile_when_the_step_is_built():
+    # The gradient of a censored Student-t's CDF in a free nu is a ScalarLoop, which PyTensor's
+    # JAX backend does not implement: said when the step is built, not as a NotImplementedError
+    # from the first block (from a worker process with cores > 1).
+    rng = np.random.default_rng(0)
+    y = np.maximum(rng.standard_t(5, 200), -1.0)
+    with pm.Model():
+        y_mb = pm.Minibatch(y, batch_size=20)
+        nu = pm.Gamma("nu", 2, 0.2)
+        t = pm.StudentT.dist(nu=nu, mu=pm.Normal("mu", 0, 1), sigma=1)
+        pm.Censored("y", t, lower=-1.0, upper=None, observed=y_mb, total_size=200)
+        with pytest.raises(ModelError, match=r"ScalarLoop.*Use the default backend"):
+            SGLD(mode="JAX")
+        SGLD()  # the default backend compiles it
+
+
+_FLOAT32_PROCESS_RUN = """
+import warnings
+import jax, numpy as np, pymc as pm
+from pymc_sgmcmc import SGLD
+rng = np.random.default_rng(0)
+X = rng.standard_normal((200, 2)).astype("float32")
+y = (X @ np.array([1.0, -1.0]) + rng.standard_normal(200)).astype("float32")
+with pm.Model(), warnings.catch_warnings(record=True) as caught:
+    warnings.simplefilter("always")
+    X_mb, y_mb = pm.Minibatch(X, y, batch_size=20)
+    w = pm.Normal("w", 0, 1, shape=2)
+    pm.Normal("y", X_mb @ w, 1, observed=y_mb, total_size=200)
+    idata = pm.sample(step=SGLD(step_size=1e-3, mode="JAX"), tune=0, draws=20, chains=1,
+                      progressbar=False, compute_convergence_checks=False)
+print(jax.config.jax_enable_x64, idata.posterior["w"].dtype,
+      sum("float64" in str(w.message) for w in caught))
+"""
+
+
+def test_jax_in_a_float32_process_asks_for_no_float64():
+    # PyTensor turns JAX's 64-bit types off in a float32 process: a float64 accumulator or
+    # stat cast would be truncated, with a warning at each block's first trace.
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, "PYTENSOR_FLAGS": "floatX=float32"}
+    out = subprocess.run(
+        [sys.executable, "-c", _FLOAT32_PROCESS_RUN], env=env, check=True, capture_output=True
+    )
+    assert out.stdout.decode().split() == ["False", "float32", "0"], out.stderr.decode()[-2000:]
 
 
 def test_jax_follows_the_adaptation_windows():
