@@ -16,8 +16,10 @@ import numpy as np
 __all__ = [
     "DRIFT_THRESHOLD",
     "DRIFT_WARNING_FALSE_ALARMS",
+    "STRONG_CORRELATION",
     "WindowVariance",
     "adaptation_boundaries",
+    "strong_correlations",
 ]
 
 #: Stan's defaults for tune >= 150 draws: initial interval, first slow window, terminal interval.
@@ -78,16 +80,13 @@ STORED_DRAWS_TAU = (1 + np.exp(-1)) / (1 - np.exp(-1))
 #: at tune=200), so the warning also asks for a statistic that chance reaches this rarely
 #: (:meth:`WindowVariance.drift_warning`).
 DRIFT_WARNING_FALSE_ALARMS = 0.01
-#: Correlation of two coordinates' draws over a window at which the warnings at the end of
-#: tuning name the pair (:meth:`WindowVariance.strong_correlations`): the diagonal
-#: preconditioner leaves a direction (1 + r) / (1 - r) = 99 times narrower in variance than
-#: the other, so the long direction takes about 10 relaxation times of the narrow one to
-#: cross. Independent coordinates' draws reach it by chance only beyond 12 standard errors
-#: (Fisher's z at 30 effective draws, the shortest window the warnings read).
+#: Multiple correlation of a coordinate with all the others, in the posterior that the Hessian
+#: at a chain's point describes, at which the warnings at the end of tuning name it
+#: (:func:`strong_correlations`): the diagonal preconditioner then leaves the coordinate's
+#: conditional spread sqrt(1 - R^2) = 0.2 of its marginal one, a direction 25 times narrower
+#: in variance than the coordinate's scale, whose crossing of the long direction takes
+#: about 5 relaxation times of the narrow one.
 STRONG_CORRELATION = 0.98
-#: Largest dimension whose window draws are kept for :meth:`WindowVariance.strong_correlations`
-#: (a window of 500 draws: 4 MB, and 0.2 s for the correlation matrix, once, at a warning).
-CORRELATION_MAX_DIM = 1000
 
 
 @dataclass
@@ -129,7 +128,6 @@ class WindowVariance:
     dim: int
     length: int = 0
     halves: tuple[_Moments, _Moments] = field(init=False)
-    draws: list[np.ndarray] = field(init=False, default_factory=list)
 
     def __post_init__(self):
         self.halves = (_Moments(self.dim), _Moments(self.dim))
@@ -141,34 +139,6 @@ class WindowVariance:
     def add(self, x: np.ndarray) -> None:
         first, second = self.halves
         (first if first.count < self.length // 2 else second).add(x)
-        if self.dim <= CORRELATION_MAX_DIM:
-            self.draws.append(np.array(x, dtype=float))
-
-    def strong_correlations(
-        self, level: float = STRONG_CORRELATION, limit: int = 3
-    ) -> list[tuple[int, int, float]]:
-        """The pairs of coordinates (i, j, r), strongest first and at most ``limit``, whose
-        draws over the window were correlated at ``|r| >= level``: a posterior direction the
-        diagonal preconditioner cannot follow. Each half of the window is centred on its
-        own mean, so that a chain that travelled between the halves does not by that alone
-        correlate the coordinates it moved (a straight path would correlate them all). Empty
-        above ``CORRELATION_MAX_DIM`` coordinates and below 10 draws per half."""
-        split = self.halves[0].count
-        if len(self.draws) != self.count or min(split, self.count - split) < 10:
-            return []
-        draws = np.asarray(self.draws)
-        centred = np.concatenate(
-            [draws[:split] - draws[:split].mean(0), draws[split:] - draws[split:].mean(0)]
-        )
-        sd = np.sqrt(np.einsum("ij,ij->j", centred, centred))
-        moving = np.flatnonzero(sd > 0)
-        if moving.size < 2:
-            return []
-        unit = centred[:, moving] / sd[moving]
-        r = np.triu(unit.T @ unit, k=1)
-        i, j = np.nonzero(np.abs(r) >= level)
-        order = np.argsort(-np.abs(r[i, j]))[:limit]
-        return [(int(moving[i[k]]), int(moving[j[k]]), float(r[i[k], j[k]])) for k in order]
 
     def drift_statistics(self) -> np.ndarray:
         """Per coordinate: the difference of the window's two halves' means in pooled
@@ -233,3 +203,33 @@ class WindowVariance:
         weight = whole.count / (whole.count + PRIOR_DRAWS)
         scale = np.sqrt(weight * variance + (1.0 - weight) * target)
         return scale if keep is None else np.where(keep, previous, scale)
+
+
+def strong_correlations(
+    hessian: np.ndarray, level: float = STRONG_CORRELATION, limit: int = 3
+) -> list[tuple[int, float, int, float]]:
+    """The coordinates (i, R_i, j, r_ij), strongest first and at most ``limit``, that the
+    Gaussian with precision ``hessian`` correlates with the others together at a multiple
+    correlation R_i >= ``level`` (R_i^2 = 1 - 1 / (H_ii (H^-1)_ii)), each with its most
+    correlated partner j (r_ij from H^-1). A coordinate that is its listed partner's own
+    partner is not listed again. Empty unless ``hessian`` is positive definite: a Hessian,
+    not a chain's draws, since the draws of a chain whose ``thin`` is capped are correlated
+    by chance over a window as two slow random walks are."""
+    try:
+        np.linalg.cholesky(hessian)
+    except np.linalg.LinAlgError:
+        return []
+    covariance = np.linalg.inv(hessian)
+    sd = np.sqrt(np.diag(covariance))
+    correlation = covariance / np.outer(sd, sd)
+    r_squared = 1.0 - 1.0 / np.clip(np.diag(hessian) * np.diag(covariance), 1.0, None)
+    np.fill_diagonal(correlation, 0.0)
+    found: list[tuple[int, float, int, float]] = []
+    for i in np.argsort(-r_squared):
+        if r_squared[i] < level**2 or len(found) == limit:
+            break
+        j = int(np.argmax(np.abs(correlation[i])))
+        if any(i == partner and j == k for k, _, partner, _ in found):
+            continue
+        found.append((int(i), float(np.sqrt(r_squared[i])), j, float(correlation[i, j])))
+    return found

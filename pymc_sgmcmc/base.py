@@ -54,7 +54,7 @@ from pytensor.tensor.variable import TensorVariable
 from rich.progress import TextColumn
 from rich.table import Column
 
-from pymc_sgmcmc.adaptation import WindowVariance, adaptation_boundaries
+from pymc_sgmcmc.adaptation import WindowVariance, adaptation_boundaries, strong_correlations
 from pymc_sgmcmc.blas_threads import one_blas_thread
 from pymc_sgmcmc.gather_dot import with_gather_dot
 from pymc_sgmcmc.gram_product import with_covariance_kernels
@@ -943,6 +943,8 @@ class SGMCMC(ArrayStepShared):
         self.boundaries = adaptation_boundaries(tune) if adapting else []
         self.window = self._new_window()
         self.recent = []
+        # (draw, strong_correlations there): the end-of-tuning warnings' note, computed once.
+        self._correlations_at: tuple[np.ndarray, list] | None = None
 
     def reset_tuning(self) -> None:
         """Adaptation restarts with each chain (``setup_chain``); nothing to do here."""
@@ -1211,27 +1213,39 @@ class SGMCMC(ArrayStepShared):
         return coordinates
 
     def _correlation_note(self) -> str:
-        """For the warnings at the end of tuning: the pairs of coordinates whose draws the
-        last window correlated strongly (``adaptation.STRONG_CORRELATION``), a direction
-        the diagonal preconditioner cannot follow, and the usual causes' fixes. A regression
-        on an uncentred covariate (calendar years: intercept and slope correlated at
-        -0.99998) drew its means 7-12 posterior sd from NUTS's with every sampler, and
-        neither control variates nor a longer ``tune`` nor the ``thin`` the warning gave
-        helped; centred, SGNHT and SGLD came within 0.08 sd."""
-        pairs = self.window.strong_correlations()
-        if not pairs:
+        """For the warnings at the end of tuning: the coordinates that the posterior, as the
+        Hessian at the latest tuning draw describes it, correlates strongly with the others
+        (``adaptation.strong_correlations``), a direction the diagonal preconditioner cannot
+        follow, and the usual causes' fixes; up to ``EXACT_CURVATURE_DIM`` coordinates (one
+        Hessian-vector product per coordinate on 4 minibatches, once per warning). A
+        regression on an uncentred covariate (calendar years: intercept and slope
+        correlated at -0.99998) drew its means 7-12 posterior sd from NUTS's with every
+        sampler, and neither control variates nor a longer ``tune`` nor the ``thin`` the
+        warning gave helped; centred, SGNHT and SGLD came within 0.08 sd."""
+        if not self.recent or self.dim > EXACT_CURVATURE_DIM or self.dim < 2:
+            return ""
+        cached = self._correlations_at
+        if cached is None or cached[0] is not self.recent[-1]:
+            hessian = self.sg_model.curvature_matrix(self.recent[-1], self.rng.spawn(1)[0])
+            found = strong_correlations(hessian) if np.all(np.isfinite(hessian)) else []
+            self._correlations_at = cached = (self.recent[-1], found)
+        found = cached[1]
+        if not found:
             return ""
         labels = [label for _name, label in self._coordinates()]
-        named = ", ".join(f"{labels[i]!r} and {labels[j]!r} (r = {r:.5g})" for i, j, r in pairs)
+        named = "; ".join(
+            f"{labels[i]!r} R = {big_r:.5g} (most with {labels[j]!r}, r = {r:.3g})"
+            for i, big_r, j, r in found
+        )
         return (
-            f" Over the last adaptation window the draws of {named} were strongly "
-            "correlated: the "
-            "diagonal preconditioner cannot follow so correlated a posterior, whose long "
-            "direction then takes many relaxation times to cross, and neither more tuning nor "
-            "control variates change that. An intercept and the coefficient of a covariate "
-            "far from zero on average: centre the covariate (x - x.mean()) or standardise "
-            "it; coefficients of nearly collinear covariates: combine or drop one; otherwise "
-            "reparametrise the model."
+            " The posterior, as the Hessian at the latest tuning draw describes it, "
+            "correlates these coordinates with the others together (multiple correlation "
+            f"R): {named}. The diagonal preconditioner cannot follow so correlated a "
+            "posterior, whose long direction then takes many relaxation times to cross, and "
+            "neither more tuning nor control variates change that. An intercept and the "
+            "coefficients of covariates far from zero on average: centre the covariates "
+            "(x - x.mean()) or standardise them; nearly collinear covariates: combine or "
+            "drop one; otherwise reparametrise the model."
         )
 
     def _warn_if_drifting(self) -> None:

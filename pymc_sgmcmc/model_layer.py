@@ -905,6 +905,16 @@ class SGModel:
         vs = rng.choice([-1.0, 1.0], size=(EXACT_CURVATURE_DIM, self.dim))
         return np.mean([v * hessian(v) for v in vs], axis=0)
 
+    def curvature_matrix(
+        self, theta: np.ndarray, rng: np.random.Generator, batches: int = 4
+    ) -> np.ndarray:
+        """The Hessian of -log p at ``theta``, averaged over ``batches`` minibatches: one
+        Hessian-vector product per column (meant for D up to ``EXACT_CURVATURE_DIM``),
+        symmetrised."""
+        hessian = self._averaged_hessian(theta, self._batch_indices(rng, batches))
+        columns = np.array([hessian(e) for e in np.eye(self.dim)])
+        return 0.5 * (columns + columns.T)
+
     def curvature_entries(
         self, theta: np.ndarray, rng: np.random.Generator, coordinates: np.ndarray, batches: int = 4
     ) -> np.ndarray:

@@ -8,6 +8,7 @@ model without adaptation shows the problem it solves.
 
 from __future__ import annotations
 
+import re
 import warnings
 
 import arviz as az
@@ -24,6 +25,7 @@ from pymc_sgmcmc.adaptation import (
     STRONG_CORRELATION,
     WindowVariance,
     adaptation_boundaries,
+    strong_correlations,
 )
 from pymc_sgmcmc.base import MAX_THIN, THIN_CAP_WARNING
 
@@ -382,24 +384,30 @@ def test_a_capped_thin_is_reported_with_what_would_allow_a_larger_step(
     assert ("control_variates=True" in messages[0]) == (noise > 0 and not control_variates)
 
 
-def test_a_window_names_the_strongly_correlated_pairs_and_only_those():
-    # 50 coordinates of a sampling chain over 100 draws (about 46 effective): independent
-    # pairs' sample correlations have sd 0.15, so none reaches 0.98 (12 Fisher-z standard
-    # errors). Two pairs are mixed to correlations -0.999 and 0.99, and a third pair moves
-    # together between the halves only (a chain that travelled): that is not a correlation.
+def test_strong_correlations_names_coordinates_the_others_predict_with_their_partner():
+    # A Gaussian posterior of 12 coordinates: 0 and 1 correlated at -0.999; coordinate 2 the
+    # sum of 3-10 with a little noise of its own (R = 0.99, yet no pair beyond 0.36: an
+    # intercept against 8 uncentred covariates); 11 independent. Only 0 (or 1, its partner's
+    # own partner, listed once) and 2 reach R = 0.98, and nothing does once 2's own noise
+    # leaves it R = 0.9.
     assert STRONG_CORRELATION == 0.98
-    rng = np.random.default_rng(2)
-    x = ar1_draws(rng, 100, 50)
-    x[:, 1] = -0.999 * x[:, 0] + np.sqrt(1 - 0.999**2) * x[:, 1]
-    x[:, 3] = 0.99 * x[:, 2] + np.sqrt(1 - 0.99**2) * x[:, 3]
-    x[50:, 4:6] += 8.0
-    window = WindowVariance(50, 100)
-    for row in x:
-        window.add(row)
-    pairs = window.strong_correlations()
-    assert [(i, j) for i, j, _r in pairs] == [(0, 1), (2, 3)]
-    assert pairs[0][2] < -0.99 and pairs[1][2] > 0.98
-    assert WindowVariance(50, 100).strong_correlations() == []
+
+    def covariance(own_noise):
+        mix = np.eye(12)
+        mix[1, :2] = [-0.999, np.sqrt(1 - 0.999**2)]
+        mix[2, 2:11] = [own_noise, *np.ones(8)]
+        return mix @ mix.T
+
+    found = strong_correlations(np.linalg.inv(covariance(0.4)))
+    assert len(found) == 2
+    (i, r_01, j, r_pair), (two, r_2, partner, r_2partner) = found
+    assert {i, j} == {0, 1} and two == 2 and 3 <= partner <= 10
+    np.testing.assert_allclose([r_01, r_pair], [0.999, -0.999], rtol=1e-9)
+    np.testing.assert_allclose(r_2, np.sqrt(8 / 8.16), rtol=1e-9)  # R^2 = 8 / (8 + 0.4^2)
+    assert abs(r_2partner) < 0.36
+    weaker = strong_correlations(np.linalg.inv(covariance(np.sqrt(8 / 0.81 - 8))))
+    assert [k for k, *_ in weaker] in ([0], [1])
+    assert strong_correlations(-np.eye(3)) == []  # not positive definite: nothing to say
 
 
 def year_regression(centred: bool) -> pm.Model:
@@ -435,8 +443,8 @@ def test_an_uncentred_covariate_is_reported_with_the_pair_and_the_fix(centred):
     assert any("still drifting" in m for m in messages)
     assert any("thin was capped" in m for m in messages)
     for message in messages:
-        assert "the draws of 'a' and 'b' (r = -0.99" in message, message
-        assert "centre the covariate (x - x.mean())" in message
+        assert re.search(r"'[ab]' R = 0\.9999\d* \(most with '[ab]', r = -1\)", message), message
+        assert "centre the covariates (x - x.mean())" in message
 
 
 def sample(model, step, draws=2000, tune=1000, seed=3, **kwargs):
