@@ -377,13 +377,9 @@ class SGMCMC(ArrayStepShared):
         if self.control_variates:
             self.sg_model.total_rows  # noqa: B018  (raises unless one N for a full pass)
         self.divergence_threshold = positive("divergence_threshold", divergence_threshold)
-        self.sg_model.check_factorisation()
-        self.dim = self.sg_model.dim
-        self.dtype = self.sg_model.dtype
-        max_steps = max(1, _BLOCK_MEMORY_BYTES // (8 * self.dim))
-        self.block_steps = min(int(block_steps), max_steps)
         self.mode = mode
         self.compile_kwargs = dict(compile_kwargs or {})
+        # Before the factorisation check, which compiles the force (a ScalarLoop in numba).
         if self.static_shapes and has_scalar_loop(self.sg_model.force):
             raise ModelError(
                 "mode='JAX' cannot compile this model's force: its gradient holds a "
@@ -393,6 +389,11 @@ class SGMCMC(ArrayStepShared):
                 "implement. Use the default backend (no mode), or give that parameter a "
                 "fixed value."
             )
+        self.sg_model.check_factorisation()
+        self.dim = self.sg_model.dim
+        self.dtype = self.sg_model.dtype
+        max_steps = max(1, _BLOCK_MEMORY_BYTES // (8 * self.dim))
+        self.block_steps = min(int(block_steps), max_steps)
         self._functions = None
         super().__init__(vars, {}, blocked=blocked, rng=rng)
         self._reset_chain(tune=0, draws=None)
