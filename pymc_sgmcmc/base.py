@@ -851,8 +851,20 @@ class SGMCMC(ArrayStepShared):
         }
         # Fast math without reassociation: the same draws whether this process compiled the
         # block or loaded it from numba's cache (``numba_compile``).
-        with self.sg_model.model, lean_cache_wrappers(), deterministic_fastmath():
-            return compile_pymc(inputs, outputs, random_seed=False, **kwargs)
+        try:
+            with self.sg_model.model, lean_cache_wrappers(), deterministic_fastmath():
+                return compile_pymc(inputs, outputs, random_seed=False, **kwargs)
+        except NotImplementedError as err:
+            if not self.static_shapes:
+                raise
+            # An op of the model that PyTensor's JAX backend has no implementation of (a
+            # ScalarLoop is refused when the step is built); without this, PyTensor's error
+            # surfaced from deep in the first block's compilation, or from a worker process.
+            raise ModelError(
+                f"mode='JAX' cannot compile this model's sampler block: {err}. PyTensor's JAX "
+                "backend has no implementation of an op the model uses; use the default "
+                "backend (no mode)."
+            ) from err
 
     @property
     def _noise_estimate_stat_names(self) -> list[str]:

@@ -17,6 +17,8 @@ import pytensor
 import pytensor.tensor as pt
 import pytest
 from models import GaussianRegression
+from pytensor.graph.basic import Apply
+from pytensor.graph.op import Op
 from python_backend import python_function
 
 from pymc_sgmcmc import MSGLD, NOGIN, SGHMC, SGLD, SGNHT, CCAdL, MCCAdL
@@ -163,6 +165,38 @@ def test_jax_rejects_a_force_it_cannot_compile_when_the_step_is_built():
         pm.Censored("y", t, lower=-1.0, upper=None, observed=y_mb, total_size=200)
         with pytest.raises(ModelError, match=r"ScalarLoop.*Use the default backend"):
             SGLD(mode="JAX")
+
+
+class _Cube(Op):
+    """x ** 3, with no JAX implementation."""
+
+    __props__ = ()
+
+    def make_node(self, x):
+        x = pt.as_tensor_variable(x)
+        return Apply(self, [x], [x.type()])
+
+    def perform(self, node, inputs, outputs):
+        outputs[0][0] = np.asarray(inputs[0] ** 3)
+
+    def grad(self, inputs, grads):
+        return [3 * inputs[0] ** 2 * grads[0]]
+
+
+def test_jax_says_which_op_it_cannot_compile_and_what_to_use_instead():
+    # Any other op without a JAX implementation is found when the first block compiles:
+    # PyTensor's NotImplementedError, from deep in its JAX conversion, becomes a ModelError
+    # that names the op and the way out.
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal(200)
+    y = 0.5 * x + rng.standard_normal(200)
+    with pm.Model():
+        x_mb, y_mb = pm.Minibatch(x, y, batch_size=20)
+        w = pm.Normal("w", 0, 1)
+        pm.Normal("y", _Cube()(w) * x_mb, 1, observed=y_mb, total_size=200)
+        step = SGLD(step_size=1e-3, mode="JAX")
+        with pytest.raises(ModelError, match=r"_Cube.*use the default backend"):
+            pm.sample(step=step, tune=0, draws=5, **SAMPLE_KWARGS)
 
 
 _FLOAT32_PROCESS_RUN = """
