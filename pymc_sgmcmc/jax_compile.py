@@ -100,7 +100,7 @@ def split_once_for_all_rows(fgraph, node):
     x, sizes = node.inputs
     core_x_ndim = len(op.inputs_sig[0])
     batch_ndim = x.ndim - core_x_ndim
-    if sizes.ndim < 1 or not all(sizes.type.broadcastable[:-1]):
+    if not all(sizes.type.broadcastable[:-1]):
         return None
     if not all(isinstance(v, Constant) for v in graph_inputs([sizes])):
         return None
