@@ -67,8 +67,9 @@ __all__ = [
     "MinibatchSource",
     "ModelError",
     "NoiseCovariance",
+    "PreconditionedTarget",
+    "Preconditioner",
     "SGModel",
-    "ScaledTarget",
     "ShrunkCovariance",
     "ledoit_wolf_statistics",
 ]
@@ -805,14 +806,14 @@ class SGModel:
     def gradient_noise(
         self,
         points: Sequence[np.ndarray],
-        scale: np.ndarray,
+        preconditioner: Preconditioner,
         rng: np.random.Generator,
         batches: int = NOISE_BATCHES,
         anchor: np.ndarray | None = None,
     ) -> float:
-        """The largest eigenvalue of the preconditioned minibatch-force covariance S Sigma S
-        (S = diag(scale)), averaged over ``points``: one of the two numbers a step size is
-        chosen from (the other is :meth:`largest_curvature`).
+        """The largest eigenvalue of the preconditioned minibatch-force covariance
+        S R^T Sigma R S (:class:`Preconditioner`), averaged over ``points``: one of the two
+        numbers a step size is chosen from (the other is :meth:`largest_curvature`).
 
         Power iteration on the covariance of the per-observation gradients, pooled over
         ``batches`` minibatches spread evenly over the points (each minibatch centred on its
@@ -836,7 +837,7 @@ class SGModel:
         blocks = []
         for theta in points:
             rows = [
-                self._noise_rows(theta, ix, anchor) * scale
+                preconditioner.pull_back(self._noise_rows(theta, ix, anchor))
                 for ix in self._batch_indices(rng, per_point)
             ]
             if self.batch_size == 1:
@@ -859,32 +860,41 @@ class SGModel:
         return rows if anchor is None else rows - rows_fn(anchor, *ix)
 
     def largest_curvature(
-        self, theta: np.ndarray, scale: np.ndarray, rng: np.random.Generator, batches: int = 2
+        self,
+        theta: np.ndarray,
+        preconditioner: Preconditioner,
+        rng: np.random.Generator,
+        batches: int = 2,
     ) -> float:
-        """The largest eigenvalue of the preconditioned Hessian of -log p, S H S, at ``theta``,
-        averaged over ``batches`` minibatches (one minibatch's Hessian over-estimates the
-        largest eigenvalue): power iteration on Hessian-vector products."""
+        """The largest eigenvalue of the preconditioned Hessian of -log p, S R^T H R S, at
+        ``theta``, averaged over ``batches`` minibatches (one minibatch's Hessian
+        over-estimates the largest eigenvalue): power iteration on Hessian-vector products."""
         hessian = self._averaged_hessian(theta, self._batch_indices(rng, batches))
-        return _power_iteration(lambda v: scale * hessian(scale * v), rng.standard_normal(self.dim))
+        pull_back, to_theta = preconditioner.pull_back, preconditioner.to_theta
+        return _power_iteration(
+            lambda v: pull_back(hessian(to_theta(v))), rng.standard_normal(self.dim)
+        )
 
     def shrinkage_intensity(
         self,
         points: Sequence[np.ndarray],
-        scale: np.ndarray,
+        preconditioner: Preconditioner,
         rng: np.random.Generator,
         batches: int = 2,
         target: str = "identity",
         anchor: np.ndarray | None = None,
     ) -> float:
         """The shrinkage intensity towards ``target`` for the minibatch estimate of
-        S Sigma S, pooled over ``batches`` minibatches at each of ``points``: the ratio of the
-        averaged statistics of :func:`ledoit_wolf_statistics`, clipped to [0, 1]. 0 without
+        S R^T Sigma R S, pooled over ``batches`` minibatches at each of ``points``: the ratio of
+        the averaged statistics of :func:`ledoit_wolf_statistics`, clipped to [0, 1]. 0 without
         ``pm.Minibatch``. ``anchor``: as in :meth:`gradient_noise`."""
         _, rows_fn = self._geometry_functions
         if rows_fn is None:
             return 0.0
         stats = [
-            ledoit_wolf_statistics(self._noise_rows(theta, ix, anchor) * scale, target)
+            ledoit_wolf_statistics(
+                preconditioner.pull_back(self._noise_rows(theta, ix, anchor)), target
+            )
             for theta in points
             for ix in self._batch_indices(rng, batches)
         ]
@@ -1125,6 +1135,12 @@ class Covariance:
         """S Sigma S with S = diag(scale): the covariance in the coordinates theta / scale."""
         raise NotImplementedError
 
+    def rotated(self, rotation: Variable) -> Covariance:
+        """R^T Sigma R: the covariance of the force R^T F in the coordinates R^-1 theta (a
+        dense preconditioner's rotation, :class:`Preconditioner`); only the model's own
+        estimates (low-rank rows, dense) are ever rotated."""
+        raise NotImplementedError
+
     def shrunk(self, intensity: Variable, target: str = "identity") -> ShrunkCovariance:
         """(1 - rho) Sigma + rho T: shrinkage towards T = (tr Sigma / D) I ("identity") or
         T = diag(Sigma) ("diagonal")."""
@@ -1226,6 +1242,9 @@ class DenseCovariance(Covariance):
 
     def scaled(self, scale: Variable) -> DenseCovariance:
         return DenseCovariance(scale[:, None] * self.matrix * scale[None, :], self.dim)
+
+    def rotated(self, rotation: Variable) -> DenseCovariance:
+        return DenseCovariance(rotation.T @ self.matrix @ rotation, self.dim)
 
     def expm(self, scale) -> Variable:
         """exp(scale Sigma) as a D x D matrix (Pade approximation with scaling and squaring,
@@ -1376,6 +1395,15 @@ class NoiseCovariance(Covariance):
             return self
         columns = scale if self.columns is None else self.columns * scale
         return NoiseCovariance(self.gradients, self.dim, self.n_rows, columns)
+
+    def rotated(self, rotation: Variable) -> NoiseCovariance:
+        # The rows themselves rotated (O(n D^2), for D <= EXACT_CURVATURE_DIM only): every
+        # product, fused kernel and Krylov op then reads them as it reads the model's.
+        if self.is_zero:
+            return self
+        if self.columns is not None:
+            raise ValueError("rotate the model's rows before scaling their columns")
+        return NoiseCovariance(self.gradients @ rotation, self.dim, self.n_rows)
 
     def as_form(self, form: str) -> Covariance:
         """The same Sigma as "lowrank" (this object), "full" (D x D) or "diag"."""
@@ -1572,43 +1600,80 @@ class ControlVariate:
     anchor_force: Variable
 
 
-class ScaledTarget:
-    """The model in the coordinates phi = theta / scale: a diagonal preconditioner.
+@dataclass(frozen=True)
+class Preconditioner:
+    """The sampler's coordinates phi: theta = R (s * phi), with s = ``scale`` (a diagonal
+    preconditioner) and, when the posterior correlates its coordinates too strongly for a
+    diagonal one, R = ``rotation``, a lower-triangular matrix (a dense preconditioner:
+    mass matrix M = (R S)^-T (R S)^-1). The entries are NumPy arrays on the host, or the
+    compiled functions' symbolic inputs: the same expressions serve both.
 
-    Sampling phi with unit mass is sampling theta with the mass matrix M = diag(scale^-2)
-    (preconditioner M^-1 = diag(scale^2)): the force becomes S F, the per-observation
-    gradients S g_i and the noise covariance S Sigma S (S = diag(scale)), so every operator of
+    A force (a gradient of log p in theta) and per-observation gradient rows pull back to
+    phi as S R^T F (rows: G R S), a covariance as S R^T Sigma R S; so every operator of
     every integrator (A, B, O, C, D) is preconditioned consistently by writing it for phi.
-    ``scale`` is a symbolic input, so a new preconditioner needs no recompilation.
     """
+
+    scale: np.ndarray | Variable
+    rotation: np.ndarray | Variable | None = None
+
+    def to_theta(self, phi):
+        """theta for the coordinates phi (a vector, or rows of them)."""
+        scaled = self.scale * phi
+        return scaled if self.rotation is None else scaled @ self.rotation.T
+
+    def to_phi(self, theta: np.ndarray) -> np.ndarray:
+        """phi for a position theta (host only)."""
+        if self.rotation is not None:
+            theta = np.linalg.solve(self.rotation, theta)  # D <= EXACT_CURVATURE_DIM
+        return theta / self.scale
+
+    def pull_back(self, gradient):
+        """A gradient in theta (a vector, or per-observation rows) in the coordinates phi:
+        S R^T g (rows: G R S)."""
+        rotated = gradient if self.rotation is None else gradient @ self.rotation
+        return self.scale * rotated
+
+    def covariance(self, sigma: Covariance) -> Covariance:
+        """The force's noise covariance in phi: S R^T Sigma R S."""
+        rotated = sigma if self.rotation is None else sigma.rotated(self.rotation)
+        return rotated.scaled(self.scale)
+
+
+class PreconditionedTarget:
+    """The model in the coordinates phi of a :class:`Preconditioner`: sampling phi with unit
+    mass is sampling theta with the preconditioner's mass matrix. The preconditioner's
+    entries are symbolic inputs, so a new one needs no recompilation (a new kind, diagonal
+    or dense, does)."""
 
     def __init__(
         self,
         model: SGModel,
-        scale: Variable,
+        preconditioner: Preconditioner,
         shrinkage: Variable,
         control: ControlVariate | None = None,
     ):
         self.model = model
-        self.scale = scale
+        self.preconditioner = preconditioner
         self.shrinkage = shrinkage  # for the samplers' noise_shrinkage option
         self.control = control  # control variates (in theta), or None
 
     def position(self, phi: Variable) -> Variable:
         """theta for the coordinates phi."""
-        return self.scale * phi
+        return self.preconditioner.to_theta(phi)
 
     def force(self, phi: Variable, indices: Sequence[Variable]) -> Variable:
-        return self.scale * self.model.force_at(self.position(phi), indices, self.control)
+        force = self.model.force_at(self.position(phi), indices, self.control)
+        return self.preconditioner.pull_back(force)
 
     def force_and_noise(self, phi: Variable, indices: Sequence[Variable], optional: bool = False):
         force, sigma = self.model.force_and_noise(
             self.position(phi), indices, optional, self.control
         )
-        return self.scale * force, sigma.scaled(self.scale)
+        return self.preconditioner.pull_back(force), self.preconditioner.covariance(sigma)
 
     def exact_noise_covariance(self, phi: Variable) -> DenseCovariance:
-        return self.model.exact_noise_covariance(self.position(phi)).scaled(self.scale)
+        sigma = self.model.exact_noise_covariance(self.position(phi))
+        return self.preconditioner.covariance(sigma)
 
 
 def _differenced_hessian_vector_product(

@@ -9,7 +9,14 @@ from models import GaussianRegression
 from python_backend import python_function
 
 from pymc_sgmcmc import SGNHT
-from pymc_sgmcmc.model_layer import ControlVariate, ModelError, SGModel
+from pymc_sgmcmc.model_layer import (
+    ControlVariate,
+    DenseCovariance,
+    ModelError,
+    NoiseCovariance,
+    Preconditioner,
+    SGModel,
+)
 
 
 def compile_layer(sg: SGModel):
@@ -569,8 +576,6 @@ def test_sqrt_of_shifted_covariance_is_exact_in_both_spaces():
     for n_rows, dim in [(20, 5), (5, 20)]:
         G = pt.matrix("G")
         v = pt.vector("v")
-        from pymc_sgmcmc.model_layer import NoiseCovariance
-
         cov = NoiseCovariance(G, dim, n_rows)
         root, min_eig = cov.sqrt_shifted_matvec(3.0, 0.01, v)
         fn = python_function([G, v], [root, min_eig, cov.dense(), cov.matvec(v)])
@@ -586,6 +591,35 @@ def test_sqrt_of_shifted_covariance_is_exact_in_both_spaces():
         np.testing.assert_allclose(r, expected, rtol=1e-6, atol=1e-9)
         np.testing.assert_allclose(m, w.min(), rtol=1e-8)
         assert m < 0  # this noise is large enough to need clipping
+
+
+def test_a_dense_preconditioner_maps_positions_forces_and_noise_consistently():
+    # theta = R (s * phi): a force pulls back by the chain rule, S R^T F, and the noise
+    # covariance of the low-rank rows and of a dense matrix alike to S R^T Sigma R S, on the
+    # host (NumPy) and in the compiled graphs (the same expressions on symbolic inputs).
+    rng = np.random.default_rng(3)
+    dim, n_rows = 3, 7
+    rotation = np.tril(rng.standard_normal((dim, dim))) + 3 * np.eye(dim)
+    scale = rng.uniform(0.5, 2.0, dim)
+    host = Preconditioner(scale, rotation)
+    phi = rng.standard_normal(dim)
+    np.testing.assert_allclose(host.to_phi(host.to_theta(phi)), phi, rtol=1e-12)
+    a = rng.standard_normal((dim, dim))
+    a = a @ a.T  # f(theta) = theta^T A theta / 2, whose gradient in phi is S R^T A R S phi
+    jacobian = rotation @ np.diag(scale)
+    expected = jacobian.T @ a @ jacobian @ phi
+    np.testing.assert_allclose(host.pull_back(a @ host.to_theta(phi)), expected, rtol=1e-12)
+    g = rng.standard_normal((n_rows, dim))
+    np.testing.assert_allclose(host.pull_back(g), g @ jacobian, rtol=1e-12)
+
+    G, S, R, M = pt.matrix("G"), pt.vector("s"), pt.matrix("R"), pt.matrix("M")
+    graph = Preconditioner(S, R)
+    rows, dense = NoiseCovariance(G, dim, n_rows), DenseCovariance(M, dim)
+    fn = python_function([G, S, R, M], [graph.covariance(c).dense() for c in (rows, dense)])
+    sigma = n_rows / (n_rows - 1) * np.cov(g.T, bias=True) * n_rows
+    from_rows, from_dense = fn(g, scale, rotation, sigma)
+    np.testing.assert_allclose(from_rows, jacobian.T @ sigma @ jacobian, rtol=1e-10)
+    np.testing.assert_allclose(from_dense, jacobian.T @ sigma @ jacobian, rtol=1e-10)
 
 
 # --------------------------------------------------------------------------- bad models

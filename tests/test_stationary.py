@@ -164,7 +164,7 @@ class DoubleScaledSGLD(SGLD):
         out = super().evaluate(theta, indices, noise, h)
         position = self.target.position(theta)
         fixed = self.sg_model._at(position, indices, [self.sg_model.fixed_force])[0]
-        fixed = self.target.scale * fixed
+        fixed = self.target.preconditioner.pull_back(fixed)
         out["force"] = fixed + 10.0 * (out["force"] - fixed)
         return out
 
