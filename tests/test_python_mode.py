@@ -11,7 +11,7 @@ from pytensor.scalar import Cast
 from pytensor.tensor.elemwise import Elemwise
 
 from pymc_sgmcmc import model_layer
-from pymc_sgmcmc.model_layer import SGModel, _differenced_hessian_vector_product
+from pymc_sgmcmc.model_layer import Preconditioner, SGModel, _differenced_hessian_vector_product
 from pymc_sgmcmc.python_mode import ONE_OFF_MODE, one_off_mode
 
 
@@ -116,7 +116,9 @@ def test_a_likelihood_without_a_second_derivative_gets_its_curvature_by_differen
     diagonal = sg.curvature_diagonal(sg.initial_theta, np.random.default_rng(0))
     assert np.all(np.isfinite(diagonal) & (diagonal > 0)), diagonal
     assert np.isfinite(
-        sg.largest_curvature(sg.initial_theta, np.ones(sg.dim), np.random.default_rng(1))
+        sg.largest_curvature(
+            sg.initial_theta, Preconditioner(np.ones(sg.dim)), np.random.default_rng(1)
+        )
     )
 
 
