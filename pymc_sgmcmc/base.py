@@ -55,7 +55,12 @@ from pytensor.tensor.variable import TensorVariable
 from rich.progress import TextColumn
 from rich.table import Column
 
-from pymc_sgmcmc.adaptation import WindowVariance, adaptation_boundaries, strong_correlations
+from pymc_sgmcmc.adaptation import (
+    ROTATION_GAIN,
+    WindowVariance,
+    adaptation_boundaries,
+    strong_correlations,
+)
 from pymc_sgmcmc.blas_threads import one_blas_thread
 from pymc_sgmcmc.gather_dot import with_gather_dot
 from pymc_sgmcmc.gram_product import with_covariance_kernels
@@ -207,6 +212,7 @@ class SGMCMCState(StepMethodState):
     boundaries: list
     window: Any
     rotated_window: Any
+    window_start: np.ndarray | None
     recent: list
 
 
@@ -217,8 +223,9 @@ COMMON_STATS_MARK = "    <common stats>\n"
 
 
 def common_stats_doc(momentum: bool) -> str:
-    """The numpydoc entries of ``diverging``, ``divergences``, ``thin`` and
-    ``minibatch_logp``, with the divergence checks of a sampler with or without a momentum."""
+    """The numpydoc entries of ``diverging``, ``divergences``, ``thin``, ``minibatch_logp``
+    and ``dense_preconditioner``, with the divergence checks of a sampler with or without a
+    momentum."""
     checks = (
         "a non-finite position, momentum or force, a position beyond ``divergence_threshold``, "
         "a collapse of the energy (the minibatch log-density less the kinetic energy's excess "
@@ -245,6 +252,9 @@ def common_stats_doc(momentum: bool) -> str:
         Unbiased minibatch estimate of the model log-density (``model.logp()``) at the draw:
         log prior plus N/n times the batch log-likelihood. The exact value is not reported
         because it costs a full pass over the data at every draw.
+    dense_preconditioner : bool
+        The draw's steps ran in the coordinates of a dense preconditioner: tuning found the
+        posterior too correlated for a diagonal one (``adapt_preconditioner``).
 """
 
 
@@ -352,6 +362,7 @@ class SGMCMC(ArrayStepShared):
         "divergences": (np.int64, []),
         "thin": (np.int64, []),
         "minibatch_logp": (np.float64, []),
+        "dense_preconditioner": (bool, []),
     }
 
     def __init_subclass__(cls, **kwargs):
@@ -393,7 +404,7 @@ class SGMCMC(ArrayStepShared):
                 f"adapt_preconditioner must be True, False or 'diag', got {adapt_preconditioner!r}"
             )
         self.adapt_preconditioner = adapt_preconditioner is not False
-        # Whether a slow window's end may make the preconditioner dense (:meth:`_rotate`).
+        # Whether a slow window's end may make the preconditioner dense (:meth:`_choose_rotation`).
         self.may_rotate = adapt_preconditioner is True
         self.control_variates = bool(control_variates) and self.sg_model.has_minibatch
         if self.control_variates:
@@ -905,7 +916,7 @@ class SGMCMC(ArrayStepShared):
 
     @property
     def dense(self) -> bool:
-        """Whether the preconditioner has a rotation (:meth:`_rotate`)."""
+        """Whether the preconditioner has a rotation (:meth:`_choose_rotation`)."""
         return self.rotation is not None
 
     @property
@@ -995,7 +1006,7 @@ class SGMCMC(ArrayStepShared):
         self.transient_reference = TRANSIENT_START
         self.step_size = self.user_step_size
         self.scale = np.ones(self.dim)
-        self.rotation = None  # a dense preconditioner's (:meth:`_rotate`)
+        self.rotation = None  # a dense preconditioner's (:meth:`_choose_rotation`)
         # Coordinates whose scale a window's spread has set (not the start's curvature).
         self.scale_measured = np.zeros(self.dim, dtype=bool)
         self.shrinkage = 0.0 if self.noise_shrinkage in (None, "auto") else self.noise_shrinkage
@@ -1008,6 +1019,7 @@ class SGMCMC(ArrayStepShared):
         self.boundaries = adaptation_boundaries(tune) if adapting else []
         self.window = self._new_window()
         self.rotated_window = self._new_window()
+        self.window_start = None  # the first draw of the current window
         self.recent = []
         # (draw, strong_correlations there): the end-of-tuning warnings' note, computed once.
         self._correlations_at: tuple[np.ndarray, list] | None = None
@@ -1184,15 +1196,19 @@ class SGMCMC(ArrayStepShared):
             self._warn_if_drifting()
         if slow_window and self.adapt_preconditioner:
             if self.dense:
-                # The spreads of R^-1 theta; R itself stays as the Hessian set it.
+                # The spreads of R^-1 theta for the dense preconditioner, and those of theta
+                # (from the marginal sds it implies) for a diagonal one to compare it with.
                 window = self.rotated_window
                 keep = window.drifting() if checked else None
                 scale = window.standard_deviations(self.scale, keep=keep)
+                marginal = np.sqrt(np.sum(self.preconditioner.to_theta(np.eye(self.dim)) ** 2, 0))
+                diagonal = self.window.standard_deviations(marginal, keep=drifting)
             else:
                 scale = self.window.standard_deviations(self.scale, keep=drifting)
                 if drifting.any():
                     scale = self._widen_drifting(scale, theta, drifting & ~self.scale_measured)
                 self.scale_measured |= ~drifting
+                diagonal = scale
             # With an adapted step size the coordinates are theta / sd, in which a friction
             # of 1 is about critical damping and the step-size rule reads in units of the
             # posterior's width. A user's fixed step size is the step in the widest coordinate
@@ -1200,7 +1216,7 @@ class SGMCMC(ArrayStepShared):
             # easier to integrate.
             self.scale = scale if self.adapts_step_size else scale / np.max(scale)
             if self.may_rotate and self.adapts_step_size:
-                self._rotate(theta)
+                self._choose_rotation(theta, diagonal)
         if self.adapts_step_size:
             # After the initial interval too the next window's draws set the preconditioner:
             # the transient's looser noise rule would let them run hot (SGHMC at N/n = 1,000:
@@ -1211,12 +1227,15 @@ class SGMCMC(ArrayStepShared):
                 self._warn_if_tuning_shorter_than_relaxation()
         self.window = self._new_window()
         self.rotated_window = self._new_window()
+        self.window_start = theta
         self.chain_state = None
         self.buffer = None
         self.shrinkage_due = True
 
-    def _rotate(self, theta: np.ndarray) -> None:
-        """Make the preconditioner dense where the posterior, as the Hessian at ``theta``
+    def _choose_rotation(self, theta: np.ndarray, diagonal: np.ndarray) -> None:
+        """Make the preconditioner dense, or diagonal again, at a slow window's end.
+
+        Dense where the posterior, as the Hessian at the window's last draw ``theta``
         describes it in the current coordinates phi, correlates a coordinate with the others
         at a multiple correlation of at least ``adaptation.STRONG_CORRELATION``: a direction
         that a diagonal preconditioner leaves at least 25 times narrower (in variance) than
@@ -1225,24 +1244,43 @@ class SGMCMC(ArrayStepShared):
         psi = L^-1 phi, with L L^T the inverse of that Hessian (Cholesky), in which the
         Hessian is the identity: theta = R S L psi, so the rotation becomes R S L and the
         scales start at 1 (later windows adapt them to the spreads of R^-1 theta, as for a
-        diagonal preconditioner). Up to ``EXACT_CURVATURE_DIM`` coordinates: one
-        Hessian-vector product per coordinate on 4 minibatches, at each slow window's end.
+        diagonal preconditioner).
+
+        The curvature must be the posterior's, not one point's: the dense preconditioner is
+        made only if it conditions the Hessians at the window's first and last draws (the
+        larger of their condition numbers, largest over smallest eigenvalue) at least
+        ``adaptation.ROTATION_GAIN`` times better than the diagonal one of the window's
+        spreads (``diagonal``), and kept at later windows only while it conditions them
+        better at all. A posterior whose curvature changes from draw to draw, as in a
+        funnel, so keeps or returns to the diagonal one. Up to ``EXACT_CURVATURE_DIM``
+        coordinates: one Hessian-vector product per coordinate on 4 minibatches, at each of
+        the two draws.
 
         A regression on an uncentred covariate (calendar years: intercept and slope
         correlated at -0.99998) drew its means 7-12 posterior sd from NUTS's with every
         sampler under the diagonal preconditioner, however long the tuning."""
-        if not 2 <= self.dim <= EXACT_CURVATURE_DIM:
+        if not 2 <= self.dim <= EXACT_CURVATURE_DIM or self.window_start is None:
             return
-        hessian = self.sg_model.curvature_matrix(theta, self.rng.spawn(1)[0])
-        if not np.all(np.isfinite(hessian)):
-            return
+        rng = self.rng.spawn(1)[0]
+        last = self.sg_model.curvature_matrix(theta, rng)
         current = self.preconditioner.to_theta(np.eye(self.dim)).T  # R S, theta = R S phi
-        in_phi = current.T @ hessian @ current
-        found = strong_correlations(in_phi)
-        if not found:
-            return  # also where the Hessian is not positive definite
-        self.rotation = current @ np.linalg.cholesky(np.linalg.inv(in_phi))
-        self.scale = np.ones(self.dim)
+        in_phi = current.T @ last @ current
+        found = strong_correlations(in_phi) if np.all(np.isfinite(in_phi)) else []
+        if found:  # (only where the Hessian is positive definite)
+            dense = current @ np.linalg.cholesky(np.linalg.inv(in_phi))
+        elif self.dense:
+            dense = current
+        else:
+            return
+        first = self.sg_model.curvature_matrix(self.window_start, rng)
+        dense_condition = _condition_number(dense, first, last)
+        diagonal_condition = _condition_number(np.diag(diagonal), first, last)
+        needed = 1.0 if self.dense else ROTATION_GAIN
+        if np.isfinite(dense_condition) and dense_condition * needed <= diagonal_condition:
+            if dense is not current:
+                self.rotation, self.scale = dense, np.ones(self.dim)
+        elif self.dense:
+            self.rotation, self.scale = None, diagonal
 
     def _widen_drifting(
         self, scale: np.ndarray, theta: np.ndarray, drifting: np.ndarray
@@ -1722,6 +1760,7 @@ class SGMCMC(ArrayStepShared):
             "minibatch_logp": stored_logps,
             "diverging": np.zeros(n_draws, dtype=bool),
             "thin": np.full(n_draws, self.thin, dtype=np.int64),
+            "dense_preconditioner": np.full(n_draws, self.dense),
             **{name: np.full(n_draws, self.shrinkage) for name in self._noise_estimate_stat_names},
             **{name: values[stored] for name, values in zip(stat_names, stats, strict=True)},
         }
@@ -1838,6 +1877,21 @@ class SGMCMC(ArrayStepShared):
                 stacklevel=2,
             )
         return kept
+
+
+def _condition_number(coordinates: np.ndarray, *hessians: np.ndarray) -> float:
+    """The largest condition number (largest over smallest eigenvalue) of the ``hessians`` in
+    the coordinates phi of theta = ``coordinates`` phi: inf unless all are finite and
+    positive definite there."""
+    worst = 0.0
+    for hessian in hessians:
+        if not np.all(np.isfinite(hessian)):
+            return np.inf
+        eigenvalues = np.linalg.eigvalsh(coordinates.T @ hessian @ coordinates)
+        if eigenvalues[0] <= 0:
+            return np.inf
+        worst = max(worst, eigenvalues[-1] / eigenvalues[0])
+    return float(worst)
 
 
 @dataclass
