@@ -480,9 +480,10 @@ def test_a_funnel_draws_with_the_diagonal_preconditioner():
     # 500 rows, noise sd 20): near a small group scale the Hessian correlates the group means
     # with mu at R >= 0.98, but the curvature changes with the scale. A dense preconditioner
     # fitted at one draw conditioned the Hessian at the window's first draw 27 times worse
-    # than the diagonal scales (15 -> 400) in one chain; in this seed's second chain it passed
-    # that check at one window and was kept without the later check (SGLD's bulk ESS: 73
-    # dense, 211 diagonal). Whatever tuning tried, the draws run diagonal.
+    # than the diagonal scales (15 -> 400); made whenever the Hessian named a correlation,
+    # it ran this seed's second chain (SGLD's bulk ESS elsewhere: 73 dense, 211 diagonal).
+    # With the check of both draws, and the return to diagonal once the dense one stops
+    # conditioning them better, every chain of seeds 1-6 drew diagonal.
     rng = np.random.default_rng(123)
     group = np.arange(4000) % 8
     y = rng.normal(0, 1, 8)[group] + rng.normal(0, 20, 4000)
@@ -492,7 +493,7 @@ def test_a_funnel_draws_with_the_diagonal_preconditioner():
         theta = pm.Normal("theta", pm.Normal("mu", 0, 5), pm.HalfNormal("tau", 1), shape=8)
         pm.Normal("obs", theta[group_mb], 20, observed=y_mb, total_size=4000)
         idata = pm.sample(
-            100, tune=1000, step=SGLD(), chains=2, cores=1, random_seed=2, **SAMPLE_KWARGS
+            100, tune=1000, step=SGLD(), chains=2, cores=1, random_seed=1, **SAMPLE_KWARGS
         )
     assert not idata.sample_stats["dense_preconditioner"].any()
 
