@@ -1,0 +1,157 @@
+"""The dense preconditioner (``adapt_preconditioner=True``): accuracy where it switches on, and
+what it costs per step.
+
+1. Accuracy: the regression on calendar years (y = -40 + 0.025 year + N(0, 1), years
+   1990-2020, N = 5,000, n = 500, unknown noise sd; intercept and slope correlated at
+   -0.99998 a posteriori), every sampler with its defaults (2 chains x 500 draws, tune =
+   1,000, ``cores=1``), with ``adapt_preconditioner="diag"`` and with the default: the
+   largest |mean - NUTS mean| / NUTS sd over the coordinates, the range of sd / NUTS sd,
+   R-hat, the smallest bulk ESS, the wall time of ``pm.sample`` and the sampler's warnings.
+   NUTS: PyMC's default sampler on the full data, 2 x 2,000 draws.
+2. Cost: CPU time per step inside the compiled block (thin = 10, n = 500, a fixed step
+   size, chains started at the exact posterior mean) of a linear regression at D = 16 and
+   D = 50 with the rotation set to the Cholesky factor of the posterior covariance, as a
+   ratio of the same sampler's diagonal block, fills alternated (the smallest of
+   ``COST_REPEATS`` each); and the time of the dense block's first fill (its compilation).
+
+Writes ``benchmarks/dense_preconditioner_results.md``.
+Run: ``.venv/bin/python benchmarks/dense_preconditioner.py [accuracy] [cost]``.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+import warnings
+from pathlib import Path
+
+import single_thread  # noqa: F401  (before NumPy: one thread per runtime)
+
+# isort: split
+
+import arviz as az
+import numpy as np
+import pymc as pm
+
+HERE = Path(__file__).parent
+sys.path.insert(0, str(HERE.parent / "tests"))
+
+from covariance import CLASSES, COST_REPEATS, block_us_per_step, make, prepared_block  # noqa: E402
+from models import GaussianRegression  # noqa: E402
+from report import header, script_parser  # noqa: E402
+
+NAMES = ("a", "b", "sigma")
+
+
+def year_regression(full_data: bool) -> pm.Model:
+    rng = np.random.default_rng(0)
+    year = rng.integers(1990, 2021, 5000).astype(float)
+    y = -40.0 + 0.025 * year + rng.standard_normal(5000)
+    with pm.Model() as model:
+        x, obs = (year, y) if full_data else pm.Minibatch(year, y, batch_size=500)
+        a = pm.Normal("a", 0, 100)
+        b = pm.Normal("b", 0, 1)
+        sigma = pm.HalfNormal("sigma", 5)
+        pm.Normal("y", a + b * x, sigma, observed=obs, total_size=None if full_data else 5000)
+    return model
+
+
+def accuracy_table(lines: list[str]) -> None:
+    with year_regression(full_data=True):
+        nuts = pm.sample(2000, tune=2000, chains=2, random_seed=0, progressbar=False)
+    mean = {v: float(nuts.posterior[v].mean()) for v in NAMES}
+    sd = {v: float(nuts.posterior[v].std()) for v in NAMES}
+    lines += [
+        "## Accuracy: the regression on calendar years, against NUTS",
+        "",
+        "| sampler | preconditioner | max \\|Δmean\\| (NUTS sd) | sd / NUTS sd | R-hat | "
+        "min ESS | dense? | time (s) | warnings |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    for name, cls in CLASSES.items():
+        for setting in ("diag", True):
+            with year_regression(full_data=False), warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always")
+                step = cls(adapt_preconditioner=setting)
+                start = time.perf_counter()
+                idata = pm.sample(
+                    500, tune=1000, step=step, chains=2, cores=1, random_seed=1,
+                    progressbar=False, compute_convergence_checks=False,
+                )  # fmt: skip
+                seconds = time.perf_counter() - start
+            post = idata.posterior
+            off = max(abs(float(post[v].mean()) - mean[v]) / sd[v] for v in NAMES)
+            ratios = [float(post[v].std()) / sd[v] for v in NAMES]
+            rhat = max(float(az.rhat(idata, var_names=[v])[v]) for v in NAMES)
+            ess = min(float(az.ess(idata, var_names=[v])[v]) for v in NAMES)
+            said = sorted({_kind(str(w.message)) for w in caught if cls.__name__ in str(w.message)})
+            label = "diagonal" if setting == "diag" else "default"
+            lines.append(
+                f"| {name} | {label} | {off:.3f} | {min(ratios):.2f}-{max(ratios):.2f} | "
+                f"{rhat:.3f} | {ess:.0f} | {'yes' if step.dense else 'no'} | {seconds:.0f} | "
+                f"{', '.join(said) or '-'} |"
+            )
+            print(lines[-1], flush=True)
+    lines.append("")
+
+
+def _kind(message: str) -> str:
+    for key, kind in (("drifting", "drift"), ("thin was capped", "capped thin")):
+        if key in message:
+            return kind
+    return message[:60]
+
+
+def cost_table(lines: list[str]) -> None:
+    lines += [
+        "## Cost per step of the dense block (thin = 10, n = 500; CPU time inside the block)",
+        "",
+        f"Smallest of {COST_REPEATS} block fills each, alternated with the diagonal block's.",
+        "",
+        "| D | sampler | diagonal µs per step | dense µs per step | dense / diagonal | "
+        "dense block's first fill (s) |",
+        "| --- | --- | --- | --- | --- | --- |",
+    ]
+    for dim in (16, 50):
+        problem = GaussianRegression.make(n_obs=10_000, dim=dim, batch_size=500)
+        rotation = np.linalg.cholesky(problem.cov)
+        for name in ("SGLD", "SGNHT", "mSGLD", "CCAdL", "mCCAdL", "NOGIN"):
+            fills = {}
+            for dense in (False, True):
+                with problem.model() as model:
+                    step = make(name, 1e-3, 1.0, thin=10)
+                prepared_block(problem, step, model)
+                if dense:
+                    step.setup_chain(np.random.default_rng(0), tune=0, draws=10**9)
+                    step.rotation, step.scale = rotation, np.ones(dim)
+                    start = time.perf_counter()
+                    step._fill_buffer(problem.mean)
+                    first_fill = time.perf_counter() - start
+                fills[dense] = step
+            times = {False: [], True: []}
+            for _ in range(COST_REPEATS):
+                for dense, step in fills.items():
+                    times[dense].append(block_us_per_step(problem, step))
+            diagonal, dense = min(times[False]), min(times[True])
+            lines.append(
+                f"| {dim} | {name} | {diagonal:,.1f} | {dense:,.1f} | {dense / diagonal:.2f} | "
+                f"{first_fill:.1f} |"
+            )
+            print(lines[-1], flush=True)
+    lines.append("")
+
+
+def main():
+    tables = {"accuracy": accuracy_table, "cost": cost_table}
+    parser = script_parser(__doc__)
+    parser.add_argument(
+        "tables", nargs="*", choices=list(tables), help="which tables to run (default: both)"
+    )
+    lines = [*header("The dense preconditioner (`benchmarks/dense_preconditioner.py`)"), ""]
+    for section in parser.parse_args().tables or list(tables):
+        tables[section](lines)
+    (HERE / "dense_preconditioner_results.md").write_text("\n".join(lines) + "\n")
+
+
+if __name__ == "__main__":
+    main()
