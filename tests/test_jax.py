@@ -242,6 +242,26 @@ def test_jax_follows_the_adaptation_windows():
     assert_same_chain(default, jax, stats=("minibatch_logp", "step_size", "thin", "thermostat"))
 
 
+@pytest.mark.slow
+def test_jax_runs_the_dense_preconditioner_of_a_correlated_posterior():
+    # The regression on calendar years (intercept and slope correlated at -0.99998): the
+    # preconditioner turns dense at the first slow window, a second block with the rotation as
+    # an input, reading the data already on the device. Slow: two JAX compilations (~60 s).
+    rng = np.random.default_rng(0)
+    year = rng.integers(1990, 2021, 2000).astype(float)
+    X = np.column_stack([np.ones_like(year), year])
+    problem = GaussianRegression(X, X @ [-40.0, 0.025] + rng.standard_normal(2000), 1.0, 100, 200)
+    results = []
+    for mode in (None, "JAX"):
+        with problem.model(), warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)
+            step = NOGIN(mode=mode)
+            results.append(pm.sample(50, tune=300, step=step, random_seed=5, **SAMPLE_KWARGS))
+    default, jax = results
+    assert default.sample_stats["dense_preconditioner"].all()
+    assert_same_chain(default, jax, stats=("minibatch_logp", "step_size", "dense_preconditioner"))
+
+
 def test_jax_divergence_restarts_identically():
     # eps = 0.5 diverges within a few steps: the chain restarts from its last sane draw and
     # runs the short blocks that follow a divergence (1, 2, 4, ... draws), padded under JAX.
