@@ -378,7 +378,7 @@ class SGMCMC(ArrayStepShared):
         vars=None,
         *,
         thin: int | None = None,
-        adapt_preconditioner: bool = True,
+        adapt_preconditioner: bool | str = True,
         control_variates: bool = False,
         block_steps: int = 1000,
         model=None,
@@ -399,13 +399,13 @@ class SGMCMC(ArrayStepShared):
         if int(block_steps) != block_steps or block_steps < 1:
             raise ValueError(f"block_steps must be a positive integer, got {block_steps}")
         self.user_thin = None if thin is None else int(thin)
-        if adapt_preconditioner not in (True, False, "diag"):
+        if isinstance(adapt_preconditioner, str) and adapt_preconditioner != "diag":
             raise ValueError(
                 f"adapt_preconditioner must be True, False or 'diag', got {adapt_preconditioner!r}"
             )
-        self.adapt_preconditioner = adapt_preconditioner is not False
+        self.adapt_preconditioner = bool(adapt_preconditioner)
         # Whether a slow window's end may make the preconditioner dense (:meth:`_choose_rotation`).
-        self.may_rotate = adapt_preconditioner is True
+        self.may_rotate = self.adapt_preconditioner and adapt_preconditioner != "diag"
         self.control_variates = bool(control_variates) and self.sg_model.has_minibatch
         if self.control_variates:
             self.sg_model.total_rows  # noqa: B018  (raises unless one N for a full pass)

@@ -475,6 +475,19 @@ def test_a_posterior_too_correlated_for_a_diagonal_preconditioner_gets_a_dense_o
     assert not idata.sample_stats["diverging"].any()
 
 
+def test_adapt_preconditioner_takes_booleans_of_any_type_and_diag():
+    # NumPy's booleans and 0 / 1 mean what they say (an identity test of True once left
+    # np.True_ diagonal, and 0.0 adapting); any other string is refused.
+    settings = [(True, True, True), (np.True_, True, True), (1, True, True), ("diag", True, False)]
+    settings += [(False, False, False), (np.False_, False, False), (0.0, False, False)]
+    with GaussianRegression.make(n_obs=200, dim=2, batch_size=20).model():
+        for setting, *expected in settings:
+            step = SGLD(adapt_preconditioner=setting)
+            assert [step.adapt_preconditioner, step.may_rotate] == expected, setting
+        with pytest.raises(ValueError, match="True, False or 'diag'"):
+            SGLD(adapt_preconditioner="dense")
+
+
 def test_a_funnel_draws_with_the_diagonal_preconditioner():
     # A centred hierarchical model whose groups' rows do not pin their means down (8 groups of
     # 500 rows, noise sd 20): near a small group scale the Hessian correlates the group means
