@@ -718,13 +718,12 @@ class SGMCMC(ArrayStepShared):
         anchor = pt.vector("anchor", shape=(self.dim,))
         anchor_force = pt.vector("anchor_force", shape=(self.dim,))
         # Inputs that change between blocks without recompiling.
-        kernel = [scale, *rotation, shrinkage, anchor, anchor_force]
+        kernel = [scale, *rotation, shrinkage, anchor, anchor_force, *self.sampler_kernel_inputs()]
         h0 = pt.scalar("h")
         control = ControlVariate(anchor, anchor_force) if self.control_variates else None
         preconditioner = Preconditioner(scale, *rotation)
         compiled = _Compiled(PreconditionedTarget(ml, preconditioner, shrinkage, control))
         self._compiled[self.dense] = compiled  # the graphs below read its target
-        kernel += self.sampler_kernel_inputs()
         evaluated = self.initial_evaluation(theta, indices, noise, h0)
         kwargs = {"mode": self.mode, **self.compile_kwargs, "on_unused_input": "ignore"}
         init_fn = None
@@ -1201,7 +1200,7 @@ class SGMCMC(ArrayStepShared):
                 window = self.rotated_window
                 keep = window.drifting() if checked else None
                 scale = window.standard_deviations(self.scale, keep=keep)
-                marginal = np.sqrt(np.sum(self.preconditioner.to_theta(np.eye(self.dim)) ** 2, 0))
+                marginal = np.sqrt(np.sum(self.preconditioner.matrix() ** 2, axis=1))
                 diagonal = self.window.standard_deviations(marginal, keep=drifting)
             else:
                 scale = self.window.standard_deviations(self.scale, keep=drifting)
@@ -1263,7 +1262,7 @@ class SGMCMC(ArrayStepShared):
             return
         rng = self.rng.spawn(1)[0]
         last = self.sg_model.curvature_matrix(theta, rng)
-        current = self.preconditioner.to_theta(np.eye(self.dim)).T  # R S, theta = R S phi
+        current = self.preconditioner.matrix()  # R S, theta = R S phi
         in_phi = current.T @ last @ current
         found = strong_correlations(in_phi) if np.all(np.isfinite(in_phi)) else []
         if found:  # (only where the Hessian is positive definite)

@@ -1621,6 +1621,10 @@ class Preconditioner:
         scaled = self.scale * phi
         return scaled if self.rotation is None else scaled @ self.rotation.T
 
+    def matrix(self) -> np.ndarray:
+        """R S, the D x D matrix of theta = (R S) phi (host only)."""
+        return self.to_theta(np.eye(len(self.scale))).T
+
     def to_phi(self, theta: np.ndarray) -> np.ndarray:
         """phi for a position theta (host only)."""
         if self.rotation is not None:
