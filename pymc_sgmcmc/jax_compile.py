@@ -230,13 +230,17 @@ def register_krylov_kernels() -> None:
 
 
 def _low_rank_operator(g, mean, columns, gain, shift):
-    """x -> gain s (Gc^T Gc (s x)) + d x, as ``krylov._apply_low_rank`` (``Gc^T Gc w`` as
-    ``G^T (G w - m . w)``; rows in float32 are promoted, the sums in the vectors' type)."""
+    """x -> gain M^T (Gc^T Gc (M x)) + d x, as ``krylov._apply_low_rank``, with the column
+    map M = diag(s) (``columns`` a vector) or a dense preconditioner's R S (a matrix)
+    (``Gc^T Gc w`` as ``G^T (G w - m . w)``; rows in float32 are promoted, the sums in the
+    vectors' type)."""
+    dense = columns.ndim == 2
 
     def apply(x):
-        scaled = columns * x
-        centred = g @ scaled - mean @ scaled
-        return gain * columns * (centred @ g) + shift * x
+        mapped = columns @ x if dense else columns * x
+        centred = g @ mapped - mean @ mapped
+        gram = centred @ g
+        return (gain * (columns.T @ gram) if dense else gain * columns * gram) + shift * x
 
     return apply
 

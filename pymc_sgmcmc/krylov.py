@@ -11,7 +11,8 @@ for the three products alone; 38.6 against 31.0 µs with 5.8 products, 2026-11-2
 
 For the low-rank estimate from the per-observation gradients, in all the forms the samplers
 build from it (preconditioned, shrunk towards the identity or the diagonal),
-:math:`\\Sigma v = c\\, s \\odot G_c^\\top G_c (s \\odot v) + d \\odot v`, and
+:math:`\\Sigma v = c\\, M^\\top G_c^\\top G_c M v + d \\odot v`, with M the
+preconditioner's map (diag(s), or R S for a dense one), and
 :class:`LowRankExpm` runs the whole process in one numba kernel around
 :class:`~pymc_sgmcmc.gram_product.CentredGramProduct`'s. The same algorithm, step for step:
 the same stopping rule, tridiagonal matrix, result and a-posteriori check at the cap.
@@ -40,6 +41,7 @@ import numba
 import numpy as np
 import pytensor
 import pytensor.tensor as pt
+from numba.extending import overload
 from pytensor.compile import optdb
 from pytensor.graph.basic import Apply, Variable
 from pytensor.graph.op import Op
@@ -267,9 +269,13 @@ def conjugate_gradients(
 
 
 def low_rank_matvec(g, mean, columns, gain, shift) -> Callable[[Variable], Variable]:
-    """x -> gain s (Gc^T Gc (s x)) + d x, with s = ``columns`` and d = ``shift``: the products
-    with the operators of :class:`LowRankExpm` and :class:`LowRankShiftedSolve` (whose
-    ``diagonal`` is d), as :func:`lanczos_expm` and :func:`conjugate_gradients` take them."""
+    """x -> gain M^T (Gc^T Gc (M x)) + d x, with the column map M = diag(s) for a vector s =
+    ``columns`` or the matrix ``columns`` itself (a dense preconditioner's R S), and d =
+    ``shift``: the products with the operators of :class:`LowRankExpm` and
+    :class:`LowRankShiftedSolve` (whose ``diagonal`` is d), as :func:`lanczos_expm` and
+    :func:`conjugate_gradients` take them."""
+    if columns.type.ndim == 2:
+        return lambda x: gain * (columns.T @ CentredGramProduct()(g, mean, columns @ x)) + shift * x
 
     def matvec(x):
         return gain * columns * CentredGramProduct()(g, mean, columns * x) + shift * x
@@ -283,7 +289,9 @@ def _low_rank_inputs(op: Op, values, ndims: list[int]) -> tuple[list[Variable], 
     graphs. Rows in float32 stay float32 in a float64 kernel, which reads them in single
     precision and sums in double (:data:`SINGLE_PRECISION_ROWS`)."""
     inputs = [as_tensor_variable(x) for x in values]
-    if [x.type.ndim for x in inputs] != ndims:
+    got = [x.type.ndim for x in inputs]
+    # The third input, the column map, is a vector of scales or a D x D matrix.
+    if got[:2] + got[3:] != ndims[:2] + ndims[3:] or got[2] not in (1, 2):
         raise TypeError(f"{type(op).__name__} takes inputs of {ndims} dimensions")
     dtype = upcast(*(x.type.dtype for x in inputs if x.type.ndim))
     rows, *rest = inputs
@@ -294,10 +302,10 @@ def _low_rank_inputs(op: Op, values, ndims: list[int]) -> tuple[list[Variable], 
 
 
 class LowRankExpm(Op):
-    """``(exp(-t Sigma) v, products)`` for ``Sigma x = gain s (Gc^T Gc (s x)) + d x``, with
-    ``Gc`` the rows ``G`` (n, D) less their mean ``m``, column scales ``s`` and shift ``d``
-    (D,), ``t >= 0``: :func:`lanczos_expm` with ``tolerance`` and ``max_products``, in one
-    kernel."""
+    """``(exp(-t Sigma) v, products)`` for ``Sigma x = gain M^T (Gc^T Gc (M x)) + d x``, with
+    ``Gc`` the rows ``G`` (n, D) less their mean ``m``, the column map ``M`` (column scales
+    s (D,) for diag(s), or a D x D matrix) and shift ``d`` (D,), ``t >= 0``:
+    :func:`lanczos_expm` with ``tolerance`` and ``max_products``, in one kernel."""
 
     __props__ = ("tolerance", "max_products")
 
@@ -328,10 +336,10 @@ class LowRankExpm(Op):
 
 
 class LowRankShiftedSolve(Op):
-    """``A^{-1} v`` for ``A x = a x + gain s (Gc^T Gc (s x))``, with ``Gc`` the rows ``G``
-    (n, D) less their mean ``m`` and vectors ``s``, ``a`` (D,) of column scales and a
-    positive diagonal: :func:`conjugate_gradients` with ``tolerance`` and ``iterations``, in
-    one kernel."""
+    """``A^{-1} v`` for ``A x = a x + gain M^T (Gc^T Gc (M x))``, with ``Gc`` the rows ``G``
+    (n, D) less their mean ``m``, the column map ``M`` as in :class:`LowRankExpm` and a
+    positive diagonal ``a`` (D,): :func:`conjugate_gradients` with ``tolerance`` and
+    ``iterations``, in one kernel."""
 
     __props__ = ("tolerance", "iterations")
 
@@ -393,35 +401,90 @@ def _check(ok: bool) -> None:
         raise ValueError("low-rank Krylov kernel: shapes do not match")
 
 
+def _map_in(columns, x, out):
+    """out = M x for the low-rank operator's column map M: diag(s) for a vector s of column
+    scales, the matrix itself for a dense preconditioner's map R S (D x D)."""
+    out[:] = columns * x if columns.ndim == 1 else columns @ x
+
+
+def _map_out(columns, gain, shift, x, gram, out):
+    """out = gain M^T gram + d x, for M as in :func:`_map_in` (``gram`` = Gc^T Gc M x)."""
+    mapped = columns * gram if columns.ndim == 1 else columns.T @ gram
+    out[:] = gain * mapped + shift * x
+
+
+@overload(_map_in, jit_options={"cache": True})
+def _overload_map_in(columns, x, out):
+    if columns.ndim == 1:
+
+        def by_scales(columns, x, out):
+            for j in range(x.shape[0]):
+                out[j] = columns[j] * x[j]
+
+        return by_scales
+
+    def by_matrix(columns, x, out):  # a row of M at a time: M is C-contiguous
+        for i in range(x.shape[0]):
+            total = 0.0
+            for j in range(x.shape[0]):
+                total += columns[i, j] * x[j]
+            out[i] = total
+
+    return by_matrix
+
+
+@overload(_map_out, jit_options={"cache": True})
+def _overload_map_out(columns, gain, shift, x, gram, out):
+    if columns.ndim == 1:
+
+        def by_scales(columns, gain, shift, x, gram, out):
+            for j in range(x.shape[0]):
+                out[j] = gain * columns[j] * gram[j] + shift[j] * x[j]
+
+        return by_scales
+
+    def by_matrix(columns, gain, shift, x, gram, out):  # M^T gram, reading M by rows
+        for j in range(x.shape[0]):
+            out[j] = 0.0
+        for i in range(x.shape[0]):
+            gi = gram[i]
+            for j in range(x.shape[0]):
+                out[j] += columns[i, j] * gi
+        for j in range(x.shape[0]):
+            out[j] = gain * out[j] + shift[j] * x[j]
+
+    return by_matrix
+
+
 @numba.njit(cache=True)
-def _apply_low_rank(g, mean, columns, gain, shift, x, scaled, out):
-    """out = gain s (Gc^T Gc (s x)) + d x (``scaled`` is work space for s x): the operator
-    of both kernels, as :func:`low_rank_matvec` writes it as a graph."""
-    for j in range(x.shape[0]):
-        scaled[j] = columns[j] * x[j]
-    _centred_gram(g, mean, scaled, out)
-    for j in range(x.shape[0]):
-        out[j] = gain * columns[j] * out[j] + shift[j] * x[j]
+def _apply_low_rank(g, mean, columns, gain, shift, x, scaled, gram, out):
+    """out = gain M^T (Gc^T Gc (M x)) + d x, with M = diag(s) or a dense preconditioner's
+    map (``scaled`` and ``gram`` are work space): the operator of both kernels, as
+    :func:`low_rank_matvec` writes it as a graph."""
+    _map_in(columns, x, scaled)
+    _centred_gram(g, mean, scaled, gram)
+    _map_out(columns, gain, shift, x, gram, out)
 
 
 @numba.njit(cache=True)
 def _lanczos_expm(g, mean, columns, gain, shift, t, v, u, max_products):
-    """:func:`lanczos_expm` on ``x -> gain s (Gc^T Gc (s x)) + d x``, line by line; the
+    """:func:`lanczos_expm` on ``x -> gain M^T (Gc^T Gc (M x)) + d x``, line by line; the
     vector loops in order (no fast math: the products dominate, and the same rounding
     wherever the kernel was compiled)."""
     dim = v.shape[0]
-    _check(g.shape[1] == dim and mean.shape[0] == dim == columns.shape[0] == shift.shape[0])
+    _check(g.shape[1] == dim and mean.shape[0] == dim == columns.shape[-1] == shift.shape[0])
     tiny, eps = np.finfo(v.dtype).tiny, np.finfo(v.dtype).eps
     log_u, gain, t = np.log(u), gain.item(), t.item()
     basis = np.empty((max_products, dim), dtype=v.dtype)  # rows below count only
     alphas = np.zeros(max_products, dtype=v.dtype)
     couplings = np.zeros(max_products, dtype=v.dtype)
-    scaled, w = np.empty(dim, dtype=v.dtype), np.empty(dim, dtype=v.dtype)
+    scaled, gram = np.empty(dim, dtype=v.dtype), np.empty(dim, dtype=v.dtype)
+    w = np.empty(dim, dtype=v.dtype)
     norm_v = np.sqrt(np.sum(v * v))
     q = v / max(norm_v, tiny)
     beta_prev, log_bound, gamma, count, stop = 0.0, 0.0, -np.inf, 0, False
     while count < max_products and not stop:
-        _apply_low_rank(g, mean, columns, gain, shift, q, scaled, w)
+        _apply_low_rank(g, mean, columns, gain, shift, q, scaled, gram, w)
         alpha = 0.0
         for j in range(dim):
             alpha += q[j] * w[j]
@@ -467,17 +530,18 @@ def _lanczos_expm(g, mean, columns, gain, shift, t, v, u, max_products):
 
 @numba.njit(cache=True)
 def _shifted_cg(g, mean, columns, gain, diagonal, v, tolerance, iterations):
-    """:func:`conjugate_gradients` on ``x -> a x + gain s (Gc^T Gc (s x))``, line by line
+    """:func:`conjugate_gradients` on ``x -> a x + gain M^T (Gc^T Gc (M x))``, line by line
     (vector loops in order, as in :func:`_lanczos_expm`)."""
     dim = v.shape[0]
-    _check(g.shape[1] == dim and mean.shape[0] == dim == columns.shape[0] == diagonal.shape[0])
+    _check(g.shape[1] == dim and mean.shape[0] == dim == columns.shape[-1] == diagonal.shape[0])
     gain = gain.item()
     x, r, d = np.zeros(dim, dtype=v.dtype), v.copy(), v.copy()
-    scaled, ad = np.empty(dim, dtype=v.dtype), np.empty(dim, dtype=v.dtype)
+    scaled, gram = np.empty(dim, dtype=v.dtype), np.empty(dim, dtype=v.dtype)
+    ad = np.empty(dim, dtype=v.dtype)
     rr = np.sum(v * v)
     stop = tolerance**2 * rr
     for _ in range(iterations):
-        _apply_low_rank(g, mean, columns, gain, diagonal, d, scaled, ad)
+        _apply_low_rank(g, mean, columns, gain, diagonal, d, scaled, gram, ad)
         curvature = 0.0
         for j in range(dim):
             curvature += d[j] * ad[j]
@@ -527,6 +591,10 @@ _CACHE_SALT = int(
                 inspect.getsource(f)
                 for f in (
                     _check,
+                    _map_in,
+                    _map_out,
+                    _overload_map_in,
+                    _overload_map_out,
                     _apply_low_rank,
                     _lanczos_expm,
                     _numba_lanczos_expm,

@@ -1305,8 +1305,11 @@ class NoiseCovariance(Covariance):
     With rows ``G_i = (N/n) g_i`` (the scaled per-observation gradients) and their centred
     version ``Gc``, Sigma = (N^2/n) V with V = Gc^T Gc / (n - 1) in the unscaled rows
     (``ALGORITHMS.md``, Notation; batches drawn with replacement as ``pm.Minibatch`` does)
-    becomes ``Sigma = n / (n - 1) * Gc^T Gc``. Under a diagonal preconditioner S the noise
-    covariance of the force S F is S Sigma S (``columns`` = the diagonal of S).
+    becomes ``Sigma = n / (n - 1) * Gc^T Gc``. Under a preconditioner theta = R S phi the noise
+    covariance of the force S R^T F is M^T Sigma M with the column map M = R S (``columns`` =
+    the diagonal of S, ``rotation`` = R, absent for a diagonal preconditioner). The products
+    apply M to the vector, M^T (Gc^T Gc (M v)), at O(D^2) for a rotation: rotating the rows
+    instead, G R, would cost O(n D^2) per step.
 
     Products never form the D x D matrix, nor the centred or column-scaled n x D matrices:
     each pass over the n x D rows costs about as much as the gradient itself, so
@@ -1327,12 +1330,14 @@ class NoiseCovariance(Covariance):
         dim: int,
         n_rows: int = 0,
         columns: Variable | None = None,
+        rotation: Variable | None = None,
     ):
         self.dim = dim
         self.n_rows = n_rows
         self.is_zero = gradients is None
         self.gradients = gradients
         self.columns = columns
+        self.rotation = rotation
         if gradients is not None:
             n = gradients.shape[0].astype(gradients.dtype)
             self.mean = gradients.mean(axis=0)
@@ -1341,20 +1346,28 @@ class NoiseCovariance(Covariance):
     def _scaled(self, v: Variable) -> Variable:
         return v if self.columns is None else self.columns * v
 
+    def _map(self, v: Variable) -> Variable:
+        """M v = R (S v)."""
+        scaled = self._scaled(v)
+        return scaled if self.rotation is None else self.rotation @ scaled
+
+    def _map_back(self, w: Variable) -> Variable:
+        """M^T w = S (R^T w)."""
+        return self._scaled(w if self.rotation is None else w @ self.rotation)
+
     @property
     def centred(self) -> Variable:
-        """S Gc as an n x D matrix, for the O(n D^2) paths only."""
-        return self._scaled(self.gradients - self.mean)
+        """Gc M = (Gc R) S as an n x D matrix, for the O(n D^2) paths only."""
+        centred = self.gradients - self.mean
+        return self._scaled(centred if self.rotation is None else centred @ self.rotation)
 
     def matvec(self, v: Variable, single_precision_rows: bool = False) -> Variable:
         """Sigma v, O(nD)."""
         if self.is_zero:
             return pt.zeros_like(v)
         # G^T (G w - m . w) in one pass over the rows (:mod:`pymc_sgmcmc.gram_product`).
-        product = CentredGramProduct()(
-            self._rows(single_precision_rows), self.mean, self._scaled(v)
-        )
-        return self.scale * self._scaled(product)
+        product = CentredGramProduct()(self._rows(single_precision_rows), self.mean, self._map(v))
+        return self.scale * self._map_back(product)
 
     def _rows(self, single_precision_rows: bool) -> Variable:
         """G, or G rounded to float32: cast where G is computed, so that the fused loop
@@ -1366,6 +1379,8 @@ class NoiseCovariance(Covariance):
             return None
         ones = pt.ones(self.dim, dtype=self.gradients.dtype)
         columns = ones if self.columns is None else self.columns
+        if self.rotation is not None:
+            columns = self.rotation * columns[None, :]  # M = R S
         rows = self._rows(single_precision_rows)
         return rows, self.mean, columns, self.scale, pt.zeros_like(ones)
 
@@ -1373,8 +1388,18 @@ class NoiseCovariance(Covariance):
         """Sigma as a D x D matrix (O(n D^2); for small D and for tests)."""
         if self.is_zero:
             return pt.zeros((self.dim, self.dim))
+        if self.rotation is not None:
+            # M^T (c Gc^T Gc) M, its Gram matrix shared with the diagonal and the trace.
+            rotated = self.rotation.T @ self._theta_gram() @ self.rotation
+            return self._scaled(self._scaled(rotated).T)
         centred = self.centred
         return self.scale * pt.dot(centred.T, centred)
+
+    def _theta_gram(self, single_precision_rows: bool = False) -> Variable:
+        """c Gc^T Gc: Sigma in the model's coordinates, before the column map (O(n D^2))."""
+        rows = self._rows(single_precision_rows).astype(self.gradients.dtype)
+        centred = rows - self.mean
+        return self.scale * (centred.T @ centred)
 
     def trace(self, single_precision_rows=False) -> Variable:
         if self.is_zero:
@@ -1384,6 +1409,12 @@ class NoiseCovariance(Covariance):
     def diagonal(self, single_precision_rows: bool = False) -> Variable:
         if self.is_zero:
             return pt.zeros(self.dim)
+        if self.rotation is not None:
+            # diag(R^T Sigma R)_j = sum_i R_ij (Sigma R)_ij, from the D x D Gram matrix (O(n D^2),
+            # which CCAdL's dense estimate shares): CCAdL, and the trace stat.
+            sigma = self._theta_gram(single_precision_rows)
+            rotated = pt.sum(self.rotation * (sigma @ self.rotation), axis=0)
+            return self._scaled(self._scaled(pt.maximum(rotated, 0.0)))
         rows = self._rows(single_precision_rows).astype(self.gradients.dtype)
         n = self.gradients.shape[0].astype(self.gradients.dtype)
         squares = pt.sum(rows**2, axis=0) - n * self.mean**2
@@ -1394,16 +1425,16 @@ class NoiseCovariance(Covariance):
         if self.is_zero:
             return self
         columns = scale if self.columns is None else self.columns * scale
-        return NoiseCovariance(self.gradients, self.dim, self.n_rows, columns)
+        return NoiseCovariance(self.gradients, self.dim, self.n_rows, columns, self.rotation)
 
     def rotated(self, rotation: Variable) -> NoiseCovariance:
-        # The rows themselves rotated (O(n D^2), for D <= EXACT_CURVATURE_DIM only): every
-        # product, fused kernel and Krylov op then reads them as it reads the model's.
+        # The model's rows are kept: products map the vector (M^T Gc^T Gc M v), and the fused
+        # kernels and Krylov ops take M = R S as their column map.
         if self.is_zero:
             return self
-        if self.columns is not None:
+        if self.columns is not None or self.rotation is not None:
             raise ValueError("rotate the model's rows before scaling their columns")
-        return NoiseCovariance(self.gradients @ rotation, self.dim, self.n_rows)
+        return NoiseCovariance(self.gradients, self.dim, self.n_rows, rotation=rotation)
 
     def as_form(self, form: str) -> Covariance:
         """The same Sigma as "lowrank" (this object), "full" (D x D) or "diag"."""

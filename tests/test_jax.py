@@ -392,19 +392,26 @@ def test_jax_taylor_series_of_a_small_tridiagonal_exponential_is_exact_to_roundi
             assert not result[count:].any()
 
 
-def test_jax_low_rank_kernels_equal_the_numba_kernels():
+@pytest.mark.parametrize("column_map", ["scales", "dense preconditioner"])
+def test_jax_low_rank_kernels_equal_the_numba_kernels(column_map):
     # The while loops step for step: the same products, counts, results (a run stopped
     # within 8 products, exp(-t T) e_1 from a Taylor series; one of more products, from the
-    # eigen-decomposition) and NaN at a cap too low.
+    # eigen-decomposition) and NaN at a cap too low. The column map M is diag(s), or a
+    # dense preconditioner's R S (near the identity here, so that the counts stay those of
+    # the scales).
     from pymc_sgmcmc.gram_product import with_covariance_kernels
     from pymc_sgmcmc.jax_compile import SMALL_TRIDIAGONAL, for_jax
     from pymc_sgmcmc.krylov import LowRankExpm, LowRankShiftedSolve
 
     rng = np.random.default_rng(0)
     g = rng.standard_normal((40, 12))
-    operator = [g, g.mean(0), rng.uniform(0.5, 2.0, 12), 0.1, rng.uniform(1.0, 2.0, 12)]
+    columns = rng.uniform(0.5, 2.0, 12)
+    if column_map == "dense preconditioner":
+        columns = (np.eye(12) + 0.05 * np.tril(rng.standard_normal((12, 12)))) * columns
+    operator = [g, g.mean(0), columns, 0.1, rng.uniform(1.0, 2.0, 12)]
     v = rng.standard_normal(12)
-    inputs = [pt.matrix(), pt.vector(), pt.vector(), pt.scalar(), pt.vector(), pt.scalar()]
+    inputs = [pt.matrix(), pt.vector(), pt.tensor(shape=(None,) * columns.ndim)]
+    inputs += [pt.scalar(), pt.vector(), pt.scalar()]
     vector = pt.vector()
     counts = []
     for cap in (64, 4):

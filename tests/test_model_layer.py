@@ -613,13 +613,24 @@ def test_a_dense_preconditioner_maps_positions_forces_and_noise_consistently():
     np.testing.assert_allclose(host.pull_back(g), g @ jacobian, rtol=1e-12)
 
     G, S, R, M = pt.matrix("G"), pt.vector("s"), pt.matrix("R"), pt.matrix("M")
+    v = pt.vector("v")
     graph = Preconditioner(S, R)
     rows, dense = NoiseCovariance(G, dim, n_rows), DenseCovariance(M, dim)
-    fn = python_function([G, S, R, M], [graph.covariance(c).dense() for c in (rows, dense)])
+    # The low-rank rows stay the model's: their products, diagonal and trace map instead.
+    in_phi = graph.covariance(rows)
+    outputs = [graph.covariance(c).dense() for c in (rows, dense)]
+    outputs += [in_phi.matvec(v), in_phi.matvec(v, True), in_phi.diagonal(), in_phi.trace()]
+    fn = python_function([G, S, R, M, v], outputs)
     sigma = n_rows / (n_rows - 1) * np.cov(g.T, bias=True) * n_rows
-    from_rows, from_dense = fn(g, scale, rotation, sigma)
-    np.testing.assert_allclose(from_rows, jacobian.T @ sigma @ jacobian, rtol=1e-10)
-    np.testing.assert_allclose(from_dense, jacobian.T @ sigma @ jacobian, rtol=1e-10)
+    x = rng.standard_normal(dim)
+    from_rows, from_dense, product, single, diagonal, trace = fn(g, scale, rotation, sigma, x)
+    expected = jacobian.T @ sigma @ jacobian
+    np.testing.assert_allclose(from_rows, expected, rtol=1e-10)
+    np.testing.assert_allclose(from_dense, expected, rtol=1e-10)
+    np.testing.assert_allclose(product, expected @ x, rtol=1e-10)
+    np.testing.assert_allclose(single, expected @ x, rtol=1e-6)  # G read as float32
+    np.testing.assert_allclose(diagonal, np.diag(expected), rtol=1e-10)
+    np.testing.assert_allclose(trace, np.trace(expected), rtol=1e-10)
 
 
 # --------------------------------------------------------------------------- bad models
