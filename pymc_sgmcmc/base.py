@@ -788,6 +788,7 @@ class SGMCMC(ArrayStepShared):
         h_seq = pt.vector("h_seq", shape=(length,))
         active_seq = pt.vector("active_seq", dtype="bool", shape=(length,))
         logp_seq = pt.vector("logp_seq", dtype="bool", shape=(length,))
+        stored_seq = pt.vector("stored_seq", dtype="bool", shape=(length,))
         # The same minibatch indices again, for the log-density: through a separate input
         # PyTensor cannot merge the log-density's products with the force's at the same point
         # (SGLD's force at the draw), which would make every step compute them for the lazy
@@ -817,8 +818,8 @@ class SGMCMC(ArrayStepShared):
         def one_step(*args):
             idx_t, logp_idx_t = list(args[:n_idx]), list(args[n_idx : 2 * n_idx])
             noise_idx = {"noise_indices": list(args[2 * n_idx : n_all])} if noise_index_seqs else {}
-            noise_t, h_t, active_t, logp_t = args[n_all : n_all + 4]
-            state = dict(zip(names, args[n_all + 4 :], strict=True))
+            noise_t, h_t, active_t, logp_t, stored_t = args[n_all : n_all + 5]
+            state = dict(zip(names, args[n_all + 5 :], strict=True))
             step = self.integrate(state, idx_t, noise_t, h_t, **noise_idx)
             draw_stats = step.draw_stats or {}
             stat_names[:] = [*step.stats, *draw_stats]
@@ -832,17 +833,23 @@ class SGMCMC(ArrayStepShared):
             sane = pt.all([pt.all(pt.isfinite(v)) for v in [*checked, draw]]) & (
                 pt.max(pt.abs(draw)) < self.divergence_threshold
             )
-            # The minibatch log-density, and the step's draw stats, only at the steps the host
-            # reads them at (:meth:`_logp_steps`), with the step's minibatch: a lazy branch, so
-            # the other steps skip it. Computed in every step it cost as much as the rest of a
+            # The minibatch log-density only at the steps the host reads it at
+            # (:meth:`_logp_steps`), with the step's minibatch: a lazy branch, so the other
+            # steps skip it. Computed in every step it cost as much as the rest of a
             # logistic-regression step (an exp and a log1p per row, which the gradient does
             # not need); a second scan over those steps cost ~2 s of a cold compile.
             # Recorded in one type (both branches must have one), float64 also for a float32
             # model where the backend has it (``record_dtype``).
-            logp = self.sg_model.logp_at(draw, logp_idx_t).astype(record_dtype)
-            wanted = [logp, *(pt.as_tensor(v).astype(record_dtype) for v in draw_stats.values())]
             nan = pt.constant(np.nan, dtype=record_dtype)
-            logp, *draw_values = ifelse(logp_t, wanted, [nan] * len(wanted))
+            logp = self.sg_model.logp_at(draw, logp_idx_t).astype(record_dtype)
+            logp = ifelse(logp_t, logp, nan)
+            # The step's draw stats at the stored steps only, in a branch of their own: the
+            # runaway check reads the log-density every STRIDE steps whatever the thin, and a
+            # stat sharing its branch was computed as often (a dense preconditioner's trace
+            # of Sigma, O(n D^2), cost mSGLD 0.3 of its step at D = 50 with thin = 100).
+            draw_values = [pt.as_tensor(v).astype(record_dtype) for v in draw_stats.values()]
+            if draw_values:
+                draw_values = list(ifelse(stored_t, draw_values, [nan] * len(draw_values)))
             # Only the state is masked: the traced outputs of inactive steps are discarded.
             new = [pt.switch(active_t, v, state[n]) for n, v in zip(names, new, strict=True)]
             stat_values = [pt.as_tensor(v).astype(record_dtype) for v in step.stats.values()]
@@ -852,7 +859,7 @@ class SGMCMC(ArrayStepShared):
         n_stats = len(self._integrator_stat_names())
         outputs = pytensor.scan(
             one_step,
-            sequences=[*index_seqs_all, noise_seq, h_seq, active_seq, logp_seq],
+            sequences=[*index_seqs_all, noise_seq, h_seq, active_seq, logp_seq, stored_seq],
             outputs_info=[*states0] + [None] * (3 + n_stats),
             name=BLOCK_SCAN_NAME,
             return_updates=False,
@@ -871,6 +878,7 @@ class SGMCMC(ArrayStepShared):
                 h_seq,
                 active_seq,
                 logp_seq,
+                stored_seq,
                 *kernel,
             ],
             final_and_traces,
@@ -1721,8 +1729,8 @@ class SGMCMC(ArrayStepShared):
         length = self.compiled_length  # shorter blocks are padded
         block_fn, stat_names = self._block_function()
         checked, stored_steps = self._logp_steps(n_steps)
-        wanted = np.zeros(n_steps, dtype=bool)
-        wanted[checked] = wanted[stored_steps] = True
+        wanted, stored_flags = np.zeros(n_steps, dtype=bool), np.zeros(n_steps, dtype=bool)
+        wanted[checked] = wanted[stored_steps] = stored_flags[stored_steps] = True
         # The rows of Sigma-hat (see _block_function). Independent ones are drawn after the
         # force's rows and the noise, which then stay those of noise_minibatch="same".
         noise_rows = []
@@ -1732,7 +1740,7 @@ class SGMCMC(ArrayStepShared):
             noise_rows = indices
         sequences = _padded(
             [*indices, *indices, *noise_rows, noise, h],
-            [np.ones(n_steps, dtype=bool), wanted],
+            [np.ones(n_steps, dtype=bool), wanted, stored_flags],
             length,
         )
         if self._device_data is not None:
@@ -1964,7 +1972,8 @@ def _padded(
 ) -> list[np.ndarray]:
     """The per-step sequences and flags of a block extended to ``length`` steps (unchanged
     for None): the padding repeats the last step's values (finite, so the padded steps
-    compute what a real step would) and sets its flags (``active``, ``logp``) to False."""
+    compute what a real step would) and sets its flags (``active``, ``logp``, ``stored``) to
+    False."""
     n_steps = len(flags[0])
     if length is None or length == n_steps:
         return [*sequences, *flags]
