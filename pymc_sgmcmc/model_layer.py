@@ -1659,7 +1659,7 @@ class Preconditioner:
     def to_phi(self, theta: np.ndarray) -> np.ndarray:
         """phi for a position theta (host only)."""
         if self.rotation is not None:
-            theta = np.linalg.solve(self.rotation, theta)  # D <= EXACT_CURVATURE_DIM
+            theta = np.linalg.solve(self.rotation, theta)  # D <= adaptation.DENSE_MAX_DIM
         return theta / self.scale
 
     def pull_back(self, gradient):
