@@ -67,6 +67,15 @@ def accuracy_table(lines: list[str]) -> None:
         nuts = pm.sample(2000, tune=2000, chains=2, random_seed=0, progressbar=False)
     mean = {v: float(nuts.posterior[v].mean()) for v in NAMES}
     sd = {v: float(nuts.posterior[v].std()) for v in NAMES}
+
+    def errors(idata):
+        post = idata.posterior
+        off = max(abs(float(post[v].mean()) - mean[v]) / sd[v] for v in NAMES)
+        ratios = np.array([float(post[v].std()) / sd[v] for v in NAMES])
+        rhat = max(float(az.rhat(idata, var_names=[v])[v]) for v in NAMES)
+        ess = min(float(az.ess(idata, var_names=[v])[v]) for v in NAMES)
+        return off, ratios, rhat, ess
+
     lines += [
         "## Accuracy: the regression on calendar years, against NUTS",
         "",
@@ -74,31 +83,7 @@ def accuracy_table(lines: list[str]) -> None:
         "min ESS | dense? | time (s) | warnings |",
         "| --- | --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
-    for name, cls in CLASSES.items():
-        for setting in ("diag", True):
-            with year_regression(full_data=False), warnings.catch_warnings(record=True) as caught:
-                warnings.simplefilter("always")
-                step = cls(adapt_preconditioner=setting)
-                start = time.perf_counter()
-                idata = pm.sample(
-                    500, tune=1000, step=step, chains=2, cores=1, random_seed=1,
-                    progressbar=False, compute_convergence_checks=False,
-                )  # fmt: skip
-                seconds = time.perf_counter() - start
-            post = idata.posterior
-            off = max(abs(float(post[v].mean()) - mean[v]) / sd[v] for v in NAMES)
-            ratios = [float(post[v].std()) / sd[v] for v in NAMES]
-            rhat = max(float(az.rhat(idata, var_names=[v])[v]) for v in NAMES)
-            ess = min(float(az.ess(idata, var_names=[v])[v]) for v in NAMES)
-            said = sorted({_kind(str(w.message)) for w in caught if cls.__name__ in str(w.message)})
-            label = "diagonal" if setting == "diag" else "default"
-            lines.append(
-                f"| {name} | {label} | {off:.3f} | {min(ratios):.2f}-{max(ratios):.2f} | "
-                f"{rhat:.3f} | {ess:.0f} | {'yes' if step.dense else 'no'} | {seconds:.0f} | "
-                f"{', '.join(said) or '-'} |"
-            )
-            print(lines[-1], flush=True)
-    lines.append("")
+    preconditioner_rows(lines, lambda: year_regression(full_data=False), errors)
 
 
 def random_intercepts() -> GaussianRegression:
@@ -114,6 +99,13 @@ def random_intercepts() -> GaussianRegression:
 def intercepts_table(lines: list[str]) -> None:
     problem = random_intercepts()
     sd = np.sqrt(np.diag(problem.cov))
+
+    def errors(idata):
+        draws = idata.posterior["w"].values.reshape(-1, problem.X.shape[1])
+        off = np.max(np.abs(draws.mean(axis=0) - problem.mean) / sd)
+        ratios = draws.std(axis=0) / sd
+        return off, ratios, float(az.rhat(idata)["w"].max()), float(az.ess(idata)["w"].min())
+
     lines += [
         "## Accuracy above D = 64: a random-intercept model (99 groups, D = 100), exact posterior",
         "",
@@ -121,9 +113,17 @@ def intercepts_table(lines: list[str]) -> None:
         "| time (s) | warnings |",
         "| --- | --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
+    preconditioner_rows(lines, problem.model, errors)
+
+
+def preconditioner_rows(lines: list[str], model, errors) -> None:
+    """A row per sampler, with ``adapt_preconditioner="diag"`` and with the default: its
+    defaults otherwise, 2 chains x 500 draws after 1,000 tuning draws on ``model()``;
+    ``errors(idata)`` gives the largest |mean error| in sd, the sd ratios, the worst R-hat
+    and the smallest bulk ESS."""
     for name, cls in CLASSES.items():
         for setting in ("diag", True):
-            with problem.model(), warnings.catch_warnings(record=True) as caught:
+            with model(), warnings.catch_warnings(record=True) as caught:
                 warnings.simplefilter("always")
                 step = cls(adapt_preconditioner=setting)
                 start = time.perf_counter()
@@ -132,11 +132,7 @@ def intercepts_table(lines: list[str]) -> None:
                     progressbar=False, compute_convergence_checks=False,
                 )  # fmt: skip
                 seconds = time.perf_counter() - start
-            draws = idata.posterior["w"].values.reshape(-1, problem.X.shape[1])
-            off = np.max(np.abs(draws.mean(axis=0) - problem.mean) / sd)
-            ratios = draws.std(axis=0) / sd
-            rhat = float(az.rhat(idata)["w"].max())
-            ess = float(az.ess(idata)["w"].min())
+            off, ratios, rhat, ess = errors(idata)
             said = sorted({_kind(str(w.message)) for w in caught if cls.__name__ in str(w.message)})
             label = "diagonal" if setting == "diag" else "default"
             lines.append(
