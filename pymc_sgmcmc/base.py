@@ -1285,7 +1285,7 @@ class SGMCMC(ArrayStepShared):
         diagonal_condition = _condition_number(np.diag(diagonal), first, last)
         needed = 1.0 if self.dense else ROTATION_GAIN
         if np.isfinite(dense_condition) and dense_condition * needed <= diagonal_condition:
-            if dense is not current:
+            if found:  # a new rotation (else the current one is kept)
                 self.rotation, self.scale = dense, np.ones(self.dim)
         elif self.dense:
             self.rotation, self.scale = None, diagonal

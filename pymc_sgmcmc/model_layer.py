@@ -1433,7 +1433,7 @@ class NoiseCovariance(Covariance):
         if self.is_zero:
             return self
         if self.columns is not None or self.rotation is not None:
-            raise ValueError("rotate the model's rows before scaling their columns")
+            raise ValueError("rotate the model's estimate once, before scaling its columns")
         return NoiseCovariance(self.gradients, self.dim, self.n_rows, rotation=rotation)
 
     def as_form(self, form: str) -> Covariance:
