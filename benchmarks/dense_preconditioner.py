@@ -86,18 +86,8 @@ def accuracy_table(lines: list[str]) -> None:
     preconditioner_rows(lines, lambda: year_regression(full_data=False), errors)
 
 
-def random_intercepts() -> GaussianRegression:
-    """y = a + b[group] + N(0, 1), 99 groups of 50 rows, as a regression on the one-hot design
-    (the exact posterior's moments from :class:`GaussianRegression`)."""
-    rng = np.random.default_rng(0)
-    group = np.repeat(np.arange(99), 50)
-    X = np.column_stack([np.ones(len(group)), np.eye(99)[group]])
-    y = 3.0 + rng.standard_normal(99)[group] + rng.standard_normal(len(group))
-    return GaussianRegression(X, y, 1.0, 10.0, 500)
-
-
 def intercepts_table(lines: list[str]) -> None:
-    problem = random_intercepts()
+    problem = GaussianRegression.random_intercepts()
     sd = np.sqrt(np.diag(problem.cov))
 
     def errors(idata):

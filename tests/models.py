@@ -34,6 +34,17 @@ class GaussianRegression:
         y = X @ w + sigma * rng.standard_normal(n_obs)
         return cls(X, y, sigma, prior_sd, batch_size, dtype)
 
+    @classmethod
+    def random_intercepts(cls, groups=99, rows=50, batch_size=500):
+        """y = a + b[group] + N(0, 1) with a and b ~ N(0, 10), as a regression on the one-hot
+        design with an intercept column: only a + b_j is pinned down by the rows, so a and
+        every b_j are strongly correlated a posteriori (-0.99 for 99 groups of 50 rows)."""
+        rng = np.random.default_rng(0)
+        group = np.repeat(np.arange(groups), rows)
+        X = np.column_stack([np.ones(len(group)), np.eye(groups)[group]])
+        y = 3.0 + rng.standard_normal(groups)[group] + rng.standard_normal(len(group))
+        return cls(X, y, 1.0, 10.0, batch_size)
+
     @property
     def precision(self) -> np.ndarray:
         return self.X.T @ self.X / self.sigma**2 + np.eye(self.X.shape[1]) / self.prior_sd**2

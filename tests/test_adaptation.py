@@ -488,11 +488,7 @@ def test_a_random_intercept_model_of_a_hundred_coordinates_gets_a_dense_precondi
     # each, at an ESS of at least 100 per statistic (measured 292-707; a chain that hardly
     # moves has standard errors wide enough to pass: the diagonal run's ESS was 3).
     # mCCAdL with M^T taken as M in its products fails it (10.3 se, ESS 5; checked).
-    rng = np.random.default_rng(0)
-    group = np.repeat(np.arange(99), 50)
-    X = np.column_stack([np.ones(len(group)), np.eye(99)[group]])
-    y = 3.0 + rng.standard_normal(99)[group] + rng.standard_normal(len(group))
-    problem = GaussianRegression(X, y, 1.0, 10.0, 500)
+    problem = GaussianRegression.random_intercepts()
     with problem.model(), warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         idata = pm.sample(
