@@ -919,11 +919,21 @@ class SGModel:
         self, theta: np.ndarray, rng: np.random.Generator, batches: int = 4
     ) -> np.ndarray:
         """The Hessian of -log p at ``theta``, averaged over ``batches`` minibatches: one
-        Hessian-vector product per column (meant for D up to ``EXACT_CURVATURE_DIM``),
-        symmetrised."""
-        hessian = self._averaged_hessian(theta, self._batch_indices(rng, batches))
-        columns = np.array([hessian(e) for e in np.eye(self.dim)])
-        return 0.5 * (columns + columns.T)
+        Hessian-vector product per column and minibatch, symmetrised."""
+        return np.mean(self.curvature_matrices(theta, rng, batches), axis=0)
+
+    def curvature_matrices(
+        self, theta: np.ndarray, rng: np.random.Generator, batches: int = 4, groups: int = 2
+    ) -> list[np.ndarray]:
+        """:meth:`curvature_matrix` from ``groups`` disjoint sets of ``batches // groups``
+        minibatches each: independent estimates, whose mean is the one of all the batches."""
+        indices, size = self._batch_indices(rng, batches), batches // groups
+        matrices = []
+        for group in range(groups):
+            hessian = self._averaged_hessian(theta, indices[group * size : (group + 1) * size])
+            columns = np.array([hessian(e) for e in np.eye(self.dim)])
+            matrices.append(0.5 * (columns + columns.T))
+        return matrices
 
     def curvature_entries(
         self, theta: np.ndarray, rng: np.random.Generator, coordinates: np.ndarray, batches: int = 4

@@ -325,7 +325,7 @@ def test_a_thin_capped_below_a_relaxation_time_is_reported_with_the_thin_to_pass
                 initvals={"w": np.linalg.lstsq(X, y)[0]}, **SAMPLE_KWARGS,
             )  # fmt: skip
     messages = [str(w.message) for w in caught if "thin was capped" in str(w.message)]
-    relaxation = step.relaxation_steps(step.step_size)
+    relaxation = step.relaxation_steps(step.step_size, step.widest_variance)
     assert len(messages) == capped, messages
     if capped:
         assert step.thin == MAX_THIN and relaxation > 2 * MAX_THIN
@@ -348,7 +348,7 @@ def test_a_thin_capped_by_a_small_fraction_of_a_relaxation_time_is_not_reported(
     with pm.Model():
         pm.Normal("w", 0, 1, shape=2)
         step = SGLD()
-    monkeypatch.setattr(step, "relaxation_steps", lambda h: int(shortfall * MAX_THIN))
+    monkeypatch.setattr(step, "relaxation_steps", lambda h, variance=1.0: int(shortfall * MAX_THIN))
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         step._set_kernel(1e-3, "final")
@@ -385,6 +385,84 @@ def test_a_capped_thin_is_reported_with_what_would_allow_a_larger_step(
     messages = [str(w.message) for w in caught if "thin was capped" in str(w.message)]
     assert len(messages) == 1 and advice in messages[0], messages
     assert ("control_variates=True" in messages[0]) == (noise > 0 and not control_variates)
+
+
+@pytest.mark.parametrize("setting", ["diag", True])
+def test_the_adapted_thin_covers_the_relaxation_of_the_posteriors_widest_direction(setting):
+    # Random intercepts, 10 groups of 5 rows: a and every b_j correlated at -0.98 a
+    # posteriori, whose correlation matrix has a direction 10.8 times wider (in variance)
+    # than the coordinates. A diagonal preconditioner's unit is the coordinates' width, so
+    # one relaxation time of that direction is 10.8 of theirs: CCAdL's thin of one of theirs
+    # on 99 groups (a direction 98 times wider) kept an ESS of 4 from 1,000 draws, 0.67 sd
+    # off, without a warning. The dense preconditioner (the default) leaves no wider
+    # direction. The Hessian is exact for this Gaussian (10.79 measured).
+    problem = GaussianRegression.random_intercepts(groups=10, rows=5, batch_size=25)
+    sd = np.sqrt(np.diag(problem.cov))
+    widest = np.linalg.eigvalsh(problem.cov / np.outer(sd, sd))[-1]
+    assert 10 < widest < 11
+    with problem.model(), warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # this short tuning leaves the wide direction drifting
+        step = SGHMC(adapt_preconditioner=setting)
+        pm.sample(5, tune=200, step=step, chains=1, random_seed=1, **SAMPLE_KWARGS)
+    unit = step.relaxation_steps(step.step_size)
+    assert step.dense == (setting is True)
+    if step.dense:
+        np.testing.assert_allclose(step.widest_variance, 1.0, atol=0.05)
+    else:
+        np.testing.assert_allclose(step.widest_variance, widest, rtol=0.05)
+        assert step.thin > 9 * unit
+    assert step.thin == step.relaxation_steps(step.step_size, step.widest_variance) < MAX_THIN
+
+
+def widest_variance(problem: GaussianRegression) -> tuple[float, float]:
+    """The step's estimate of the widest direction's variance at the posterior mean (from
+    the Hessian on 2 + 2 minibatches), and the exact one: the largest eigenvalue of the
+    posterior's correlation matrix."""
+    sd = np.sqrt(np.diag(problem.cov))
+    with problem.model():
+        step = SGLD()
+    step.setup_chain(np.random.default_rng(0), tune=0, draws=1)
+    exact = np.linalg.eigvalsh(problem.cov / np.outer(sd, sd))[-1]
+    return step._widest_variance(problem.mean), exact
+
+
+def test_the_widest_direction_is_measured_without_the_hessians_noise():
+    # Uncorrelated covariates (D = 100, n = 500): the posterior's correlation matrix has
+    # largest eigenvalue 1.20, but that of the Hessian on 4 minibatches (2,000 rows) is
+    # biased upwards by its noise to about 1.6 (Marchenko-Pastur: eigenvalues spread by
+    # (1 +- sqrt(D / rows))^2), a thin about 1.6 times too long. The cross-fitted estimate
+    # (the widest direction of one estimate, its variance in the other) is not: 1.08.
+    # Random intercepts (99 groups, D = 100): a direction 98 times wider, found by both.
+    estimate, exact = widest_variance(GaussianRegression.make(10_000, 100, 500))
+    assert 1.0 <= estimate <= exact < 1.25, (estimate, exact)
+    estimate, exact = widest_variance(GaussianRegression.random_intercepts())
+    assert 90 < exact < 100
+    np.testing.assert_allclose(estimate, exact, rtol=0.05)
+
+
+@pytest.mark.parametrize(
+    ("setting", "advice"),
+    [
+        ("diag", "adapt_preconditioner=True (the default) makes one"),
+        (True, "The diagonal preconditioner cannot follow strongly correlated coordinates"),
+    ],
+)
+def test_a_thin_capped_by_the_posteriors_widest_direction_says_what_follows_it(setting, advice):
+    # At SGLD's step 0.05 a unit-width coordinate relaxes in 40 steps and a direction 100
+    # times wider in 4,000: the cap is the wide direction's doing, not the step size's, so
+    # the advice is a dense preconditioner (under "diag") or a reparametrisation (where the
+    # default kept the diagonal one), not a larger minibatch.
+    with pm.Model():
+        pm.Normal("w", 0, 1, shape=2)
+        step = SGLD(adapt_preconditioner=setting)
+    step.widest_variance = 100.0
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        step._set_kernel(0.05, "final")
+    messages = [str(w.message) for w in caught]
+    assert step.thin == MAX_THIN and len(messages) == 1, messages
+    assert "thin=4000 " in messages[0] and "widest direction is 100 times wider" in messages[0]
+    assert advice in messages[0] and "minibatch" not in messages[0]
 
 
 def test_strong_correlations_names_coordinates_the_others_predict_with_their_partner():

@@ -88,8 +88,8 @@ class MSGLD(SGMCMC):
     def adapted_step_size(self, curvature: float, noise: float, phase: str) -> float:
         return langevin_step_size(self, curvature, noise, phase)
 
-    def relaxation_steps(self, step_size: float) -> int:
-        return langevin_relaxation_steps(step_size)
+    def relaxation_steps(self, step_size: float, variance: float = 1.0) -> int:
+        return langevin_relaxation_steps(step_size, variance)
 
     def integrate(self, state, indices, noise, h):
         shrunk_noise = state["noise"] - (h / 8.0) * state["sigma_noise"]

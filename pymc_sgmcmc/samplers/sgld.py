@@ -31,10 +31,10 @@ def langevin_step_size(sampler: SGMCMC, curvature: float, noise: float, phase: s
     return eps
 
 
-def langevin_relaxation_steps(step_size: float) -> int:
-    """d theta = (1/2) grad log p dt + dW relaxes a unit-variance coordinate in about 2 time
-    units, and a step of size epsilon advances the time by epsilon."""
-    return int(np.ceil(2.0 / step_size))
+def langevin_relaxation_steps(step_size: float, variance: float = 1.0) -> int:
+    """d theta = (1/2) grad log p dt + dW relaxes a direction of variance v at the rate
+    1 / (2 v): in 2 v time units, and a step of size epsilon advances the time by epsilon."""
+    return int(np.ceil(2.0 * variance / step_size))
 
 
 @dataclass(frozen=True)
@@ -126,8 +126,8 @@ class SGLD(SGMCMC):
     def adapted_step_size(self, curvature: float, noise: float, phase: str) -> float:
         return langevin_step_size(self, curvature, noise, phase)
 
-    def relaxation_steps(self, step_size: float) -> int:
-        return langevin_relaxation_steps(step_size)
+    def relaxation_steps(self, step_size: float, variance: float = 1.0) -> int:
+        return langevin_relaxation_steps(step_size, variance)
 
     def integrate(self, state, indices, noise, h):
         theta = state["theta"] + 0.5 * h * state["force"] + pt.sqrt(h) * noise[0]
