@@ -84,12 +84,15 @@ STORED_DRAWS_TAU = (1 + np.exp(-1)) / (1 - np.exp(-1))
 DRIFT_WARNING_FALSE_ALARMS = 0.01
 #: Multiple correlation of a coordinate with all the others, in the posterior that the Hessian
 #: at a chain's point describes, at which the warnings at the end of tuning name it
-#: (:func:`strong_correlations`): the diagonal preconditioner then leaves the coordinate's
+#: (:func:`strong_correlations`) and a dense preconditioner is refitted to a later window's
+#: Hessian: the diagonal preconditioner then leaves the coordinate's
 #: conditional spread sqrt(1 - R^2) = 0.2 of its marginal one, a direction 25 times narrower
 #: in variance than the coordinate's scale, whose crossing of the long direction takes
 #: about 5 relaxation times of the narrow one.
 STRONG_CORRELATION = 0.98
-#: A dense preconditioner fitted to the Hessian at a slow window's last draw is kept only if
+#: A dense preconditioner is fitted to the Hessian at a slow window's last draw where that
+#: Hessian's correlation matrix has at least this condition number (what no diagonal
+#: preconditioner removes), and kept only if
 #: it conditions the Hessian at the window's first draw at least this many times better than
 #: the diagonal one (largest over smallest eigenvalue, the steps a relaxation time takes when
 #: the curvature sets the step size). Where the posterior is correlated it gained 10^3-10^5
