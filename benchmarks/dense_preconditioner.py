@@ -94,14 +94,7 @@ def accuracy_table(lines: list[str]) -> None:
 
 def intercepts_table(lines: list[str]) -> None:
     problem = GaussianRegression.random_intercepts()
-    sd = np.sqrt(np.diag(problem.cov))
-
-    def errors(idata):
-        draws = idata.posterior["w"].values.reshape(-1, problem.X.shape[1])
-        off = np.max(np.abs(draws.mean(axis=0) - problem.mean) / sd)
-        ratios = draws.std(axis=0) / sd
-        return off, ratios, float(az.rhat(idata)["w"].max()), float(az.ess(idata)["w"].min())
-
+    errors = errors_of_w(problem.mean, np.sqrt(np.diag(problem.cov)))
     lines += [
         "## Accuracy above D = 64: a random-intercept model (99 groups, D = 100), exact posterior",
         "",
@@ -115,14 +108,7 @@ def intercepts_table(lines: list[str]) -> None:
 def mnist_table(lines: list[str]) -> None:
     problem = make_problem("MNIST")
     nuts = reference(problem, allow_nuts=False)[0]
-    sd = np.sqrt(nuts.var)
-
-    def errors(idata):
-        draws = idata.posterior["w"].values.reshape(-1, problem.dim)
-        off = np.max(np.abs(draws.mean(axis=0) - nuts.mean) / sd)
-        ratios = draws.std(axis=0) / sd
-        return off, ratios, float(az.rhat(idata)["w"].max()), float(az.ess(idata)["w"].min())
-
+    errors = errors_of_w(nuts.mean, np.sqrt(nuts.var))
     lines += [
         "## Accuracy without a strong correlation of any one coordinate: MNIST 7 vs 9 (D = 100)",
         "",
@@ -134,6 +120,19 @@ def mnist_table(lines: list[str]) -> None:
         "| --- | --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     preconditioner_rows(lines, problem.model, errors)
+
+
+def errors_of_w(mean: np.ndarray, sd: np.ndarray):
+    """``errors(idata)`` for :func:`preconditioner_rows` of the model's vector ``w`` against
+    known posterior means and sds."""
+
+    def errors(idata):
+        draws = idata.posterior["w"].values.reshape(-1, len(mean))
+        off = np.max(np.abs(draws.mean(axis=0) - mean) / sd)
+        ratios = draws.std(axis=0) / sd
+        return off, ratios, float(az.rhat(idata)["w"].max()), float(az.ess(idata)["w"].min())
+
+    return errors
 
 
 def preconditioner_rows(lines: list[str], model, errors) -> None:

@@ -104,11 +104,11 @@ ROTATION_GAIN = 4.0
 #: name strongly correlated coordinates. Each check reads the Hessian at a draw from D
 #: Hessian-vector products on 4 minibatches (a logistic regression, n = 500: 0.08 s at
 #: D = 64, 0.13 s at D = 100, 0.46 s at D = 250), once or twice per slow window; a dense
-#: block adds four D x D products per step (at D = 200, n = 500: 1.14-1.47 times the
-#: diagonal block's time per step, mSGLD 2.1 and CCAdL 11.6). A random-intercept model
+#: block adds four D x D products per step (at D = 200, n = 500: 1.15-1.59 times the
+#: diagonal block's time per step, mSGLD 2.2 and CCAdL 12.7). A random-intercept model
 #: with 99 groups (D = 100, intercept and group effects correlated at -0.99) was drawn
 #: 0.23-1.5 sd off with sd ratios of 0.09-0.57 by the seven samplers under the diagonal
-#: preconditioner, and within 0.08 sd with the dense one
+#: preconditioner, and within 0.1 sd with the dense one
 #: (``benchmarks/dense_preconditioner_results.md``).
 DENSE_MAX_DIM = 256
 

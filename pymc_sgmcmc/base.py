@@ -302,7 +302,7 @@ class SGMCMC(ArrayStepShared):
         calendar years (intercept and slope correlated at -0.99998) was drawn 7-12 posterior
         sd off by every sampler with a diagonal preconditioner, and within 0.1 sd with the
         dense one; a random intercept with 99 groups (D = 100) 0.2-1.5 sd off (sd ratios
-        0.09-0.57), and within 0.08 sd; MNIST 7 vs 9 (D = 100, no coordinate correlated
+        0.09-0.57), and within 0.1 sd; MNIST 7 vs 9 (D = 100, no coordinate correlated
         with the others beyond R = 0.956) 0.94 sd off by SGLD (ESS 4), and 0.16 sd.
         ``"diag"`` keeps the preconditioner diagonal; ``False`` does not adapt it.
     control_variates : bool, default False
