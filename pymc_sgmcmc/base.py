@@ -1715,7 +1715,8 @@ class SGMCMC(ArrayStepShared):
         another. Where the posterior's widest direction lengthened the relaxation time, what
         follows it: a dense preconditioner, or a reparametrisation."""
         unit = self.relaxation_steps(self.step_size)
-        if unit <= THIN_CAP_WARNING * MAX_THIN:
+        wide = relaxation > THIN_CAP_WARNING * unit  # the widest direction's doing
+        if wide and unit <= THIN_CAP_WARNING * MAX_THIN:
             remedy = ""  # the step size alone would not have capped thin
         elif not self.noise_limited:
             remedy = (
@@ -1734,7 +1735,7 @@ class SGMCMC(ArrayStepShared):
                 "over the data per anchor; the noise shrinks near the posterior when N is "
                 "much larger than the minibatch) or a larger minibatch allows a larger one."
             )
-        if relaxation > THIN_CAP_WARNING * unit:
+        if wide:
             remedy = f"{remedy} {self._widest_direction_remedy(relaxation / unit)}".strip()
         warnings.warn(
             f"{type(self).__name__}: thin was capped at {MAX_THIN} steps per draw, "

@@ -465,6 +465,23 @@ def test_a_thin_capped_by_the_posteriors_widest_direction_says_what_follows_it(s
     assert advice in messages[0] and "minibatch" not in messages[0]
 
 
+def test_a_thin_capped_by_the_step_size_and_a_slightly_wider_direction_says_what_limits_the_step():
+    # One unit relaxation time of 1,400 steps is within THIN_CAP_WARNING of the cap, and a
+    # direction 1.14 times wider takes 1,596: the warning fires, and the step size's remedy
+    # is the one to give (the wide direction lengthens it by less than THIN_CAP_WARNING).
+    with pm.Model():
+        pm.Normal("w", 0, 1, shape=2)
+        step = SGLD()
+    step.widest_variance = 1.14
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        step._set_kernel(2.0 / 1400, "final")
+    messages = [str(w.message) for w in caught]
+    assert len(messages) == 1 and "thin=1596 " in messages[0], messages
+    assert "The curvature, not the gradient noise, limits" in messages[0]
+    assert "widest direction" not in messages[0]
+
+
 def test_strong_correlations_names_coordinates_the_others_predict_with_their_partner():
     # A Gaussian posterior of 12 coordinates: 0 and 1 correlated at -0.999; coordinate 2 the
     # sum of 3-10 with a little noise of its own (R = 0.99, yet no pair beyond 0.36: an
