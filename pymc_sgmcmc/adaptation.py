@@ -21,6 +21,7 @@ __all__ = [
     "STRONG_CORRELATION",
     "WindowVariance",
     "adaptation_boundaries",
+    "posterior_correlation",
     "strong_correlations",
 ]
 
@@ -229,6 +230,28 @@ class WindowVariance:
         return scale if keep is None else np.where(keep, previous, scale)
 
 
+def posterior_correlation(hessian: np.ndarray) -> np.ndarray | None:
+    """The correlation matrix of the Gaussian whose precision is ``hessian``; None unless
+    ``hessian`` is finite and positive definite."""
+    covariance = _inverse_if_positive_definite(hessian)
+    return None if covariance is None else _correlation_matrix(covariance)
+
+
+def _inverse_if_positive_definite(matrix: np.ndarray) -> np.ndarray | None:
+    if not np.all(np.isfinite(matrix)):
+        return None
+    try:
+        np.linalg.cholesky(matrix)
+    except np.linalg.LinAlgError:
+        return None
+    return np.linalg.inv(matrix)
+
+
+def _correlation_matrix(covariance: np.ndarray) -> np.ndarray:
+    sd = np.sqrt(np.diag(covariance))
+    return covariance / np.outer(sd, sd)
+
+
 def strong_correlations(
     hessian: np.ndarray, level: float = STRONG_CORRELATION, limit: int = 3
 ) -> list[tuple[int, float, int, float]]:
@@ -236,16 +259,13 @@ def strong_correlations(
     Gaussian with precision ``hessian`` correlates with the others together at a multiple
     correlation R_i >= ``level`` (R_i^2 = 1 - 1 / (H_ii (H^-1)_ii)), each with its most
     correlated partner j (r_ij from H^-1). A coordinate that is its listed partner's own
-    partner is not listed again. Empty unless ``hessian`` is positive definite: a Hessian,
-    not a chain's draws, since the draws of a chain whose ``thin`` is capped are correlated
-    by chance over a window as two slow random walks are."""
-    try:
-        np.linalg.cholesky(hessian)
-    except np.linalg.LinAlgError:
+    partner is not listed again. Empty unless ``hessian`` is finite and positive definite: a
+    Hessian, not a chain's draws, since the draws of a chain whose ``thin`` is capped are
+    correlated by chance over a window as two slow random walks are."""
+    covariance = _inverse_if_positive_definite(hessian)
+    if covariance is None:
         return []
-    covariance = np.linalg.inv(hessian)
-    sd = np.sqrt(np.diag(covariance))
-    correlation = covariance / np.outer(sd, sd)
+    correlation = _correlation_matrix(covariance)
     r_squared = 1.0 - 1.0 / np.clip(np.diag(hessian) * np.diag(covariance), 1.0, None)
     np.fill_diagonal(correlation, 0.0)
     found: list[tuple[int, float, int, float]] = []

@@ -60,6 +60,7 @@ from pymc_sgmcmc.adaptation import (
     ROTATION_GAIN,
     WindowVariance,
     adaptation_boundaries,
+    posterior_correlation,
     strong_correlations,
 )
 from pymc_sgmcmc.blas_threads import one_blas_thread
@@ -1296,7 +1297,7 @@ class SGMCMC(ArrayStepShared):
         current = self.preconditioner.matrix()  # R S, theta = R S phi
         in_phi = current.T @ last @ current
         if self.dense:  # refitted only where the current rotation leaves strong correlations
-            fit = bool(strong_correlations(in_phi)) if np.all(np.isfinite(in_phi)) else False
+            fit = bool(strong_correlations(in_phi))
         else:
             fit = _correlation_condition(in_phi) >= ROTATION_GAIN
         if fit:  # (only where the Hessian is positive definite)
@@ -1352,7 +1353,7 @@ class SGMCMC(ArrayStepShared):
             return 1.0
         coordinates = self.preconditioner.matrix()
         halves = [coordinates.T @ h @ coordinates for h in self._curvature_at(theta)]
-        correlations = [_correlation_of_inverse(h) for h in halves]
+        correlations = [posterior_correlation(h) for h in halves]
         if any(c is None for c in correlations):
             return 1.0
         # Cross-fitted: the widest direction of one estimate, its variance in the other. The
@@ -1468,7 +1469,7 @@ class SGMCMC(ArrayStepShared):
             # A dense preconditioner already follows the correlations that the note names.
             return ""
         hessian = np.mean(self._curvature_at(self.recent[-1]), axis=0)
-        found = strong_correlations(hessian) if np.all(np.isfinite(hessian)) else []
+        found = strong_correlations(hessian)
         if not found:
             return ""
         labels = [label for _name, label in self._coordinates()]
@@ -1760,8 +1761,9 @@ class SGMCMC(ArrayStepShared):
         else:
             follow = (
                 "A dense preconditioner follows it: adapt_preconditioner=True (the default) "
-                "makes one where the Hessian correlates a coordinate with the others at a "
-                "multiple correlation of 0.98 or more; or reparametrise the model."
+                "makes one where the Hessian's correlation matrix has a condition number of "
+                f"{ROTATION_GAIN:g} or more and the dense one conditions the posterior better; "
+                "or reparametrise the model."
             )
         return (
             f"The posterior's widest direction is {self.widest_variance:.3g} times wider in "
@@ -1984,20 +1986,6 @@ class SGMCMC(ArrayStepShared):
                 stacklevel=2,
             )
         return kept
-
-
-def _correlation_of_inverse(precision: np.ndarray) -> np.ndarray | None:
-    """The correlation matrix of the Gaussian with this precision; None unless it is finite
-    and positive definite."""
-    if not np.all(np.isfinite(precision)):
-        return None
-    try:
-        np.linalg.cholesky(precision)
-    except np.linalg.LinAlgError:
-        return None
-    covariance = np.linalg.inv(precision)
-    sd = np.sqrt(np.diag(covariance))
-    return covariance / np.outer(sd, sd)
 
 
 def _correlation_condition(precision: np.ndarray) -> float:
