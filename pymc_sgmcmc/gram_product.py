@@ -100,7 +100,8 @@ optdb.register(
 def _centred_gram(g, mean, w, out):
     """out = sum_i (g_i . w - m . w) g_i, four rows at a time: the loops of
     :func:`~pymc_sgmcmc.gather_dot._gather_matvec` and ``_gather_rmatvec`` in one, on rows in
-    place (written out again, not shared: see ``gather_dot._GLM_KERNEL``)."""
+    place (written out again, not shared: see ``gather_dot._GLM_KERNEL``), read as ``g[i, j]``
+    rather than through row views (see ``gather_dot._row``)."""
     n, d = g.shape[0], _opaque(g.shape[1])  # the length opaque: see gather_dot._opaque
     c = _zero(out)
     for j in range(d):
@@ -109,26 +110,24 @@ def _centred_gram(g, mean, w, out):
         out[j] = 0
     i = 0
     while i + 4 <= n:
-        r0, r1, r2, r3 = g[i], g[i + 1], g[i + 2], g[i + 3]
         s0 = s1 = s2 = s3 = _zero(out)
         for j in range(d):
             wj = w[j]
-            s0 += r0[j] * wj
-            s1 += r1[j] * wj
-            s2 += r2[j] * wj
-            s3 += r3[j] * wj
+            s0 += g[i, j] * wj
+            s1 += g[i + 1, j] * wj
+            s2 += g[i + 2, j] * wj
+            s3 += g[i + 3, j] * wj
         s0, s1, s2, s3 = s0 - c, s1 - c, s2 - c, s3 - c
         for j in range(d):
-            out[j] += r0[j] * s0 + r1[j] * s1 + r2[j] * s2 + r3[j] * s3
+            out[j] += g[i, j] * s0 + g[i + 1, j] * s1 + g[i + 2, j] * s2 + g[i + 3, j] * s3
         i += 4
     while i < n:
-        row = g[i]
         s = _zero(out)
         for j in range(d):
-            s += row[j] * w[j]
+            s += g[i, j] * w[j]
         s -= c
         for j in range(d):
-            out[j] += row[j] * s
+            out[j] += g[i, j] * s
         i += 1
 
 
