@@ -241,7 +241,7 @@ def _row(i, n_rows):
     The kernels read a row as ``x[row, j]`` in place, never as a view ``x[row]``: numba
     counts a view's references to its array with atomic instructions (``lock inc``/``dec``),
     which x86 orders as full barriers, so each view waited for the rows still being loaded
-    from the caches or memory. On an Intel Sapphire Rapids host (2 vCPUs) 23 % of the CPU
+    from the caches or memory. On an Intel Xeon with AMX (2 vCPUs) 23 % of the CPU
     samples of P1 SGLD's block sat in those two instructions; indexing in place took its
     step from 29.8-30.3 to 24.8-27.3 us and P3's from 24.9-26.2 to 21.6-22.1 us
     (``benchmarks/engine.py steps``, old and new code alternated twice, 2026-12-02)."""
