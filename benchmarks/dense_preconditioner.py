@@ -146,8 +146,8 @@ def accuracy_table(lines: list[str]) -> None:
         "## Accuracy: the regression on calendar years, against the exact posterior",
         "",
         f"Exact posterior sds: a {sd['a']:.4g}, b {sd['b']:.4g}, sigma {sd['sigma']:.4g}. "
-        "The sd ratios are a, b and sigma's (a's and b's are equal: they are correlated at "
-        "-0.99998).",
+        "The sd ratio column gives a's (b's is the same to two digits: they are correlated "
+        "at -0.99998) and sigma's.",
         "",
         "| sampler | preconditioner | max \\|Δmean\\| (sd) | sd ratio (a, b / sigma) | R-hat | "
         "min ESS | dense? | time (s) | warnings |",
