@@ -927,6 +927,10 @@ class SGModel:
     ) -> list[np.ndarray]:
         """:meth:`curvature_matrix` from ``groups`` disjoint sets of ``batches // groups``
         minibatches each: independent estimates, whose mean is the one of all the batches."""
+        if batches < groups or batches % groups:
+            # Unequal groups would not average to the Hessian on all the batches, and an empty
+            # one would be NaN, read as "not positive definite" without a word.
+            raise ValueError(f"{batches} minibatches do not split into {groups} equal groups")
         indices, size = self._batch_indices(rng, batches), batches // groups
         matrices = []
         for group in range(groups):
