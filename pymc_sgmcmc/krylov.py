@@ -59,16 +59,20 @@ EXPM_TOLERANCE = {"half": 2.0**-11, "single": 2.0**-24, "double": 2.0**-53}
 
 #: The Lanczos tolerances, and the smallest conjugate-gradient tolerance, at which the
 #: low-rank kernels of a float64 model read the per-observation gradients G as float32
-#: (``model_layer.Covariance.low_rank_parts``; the sums stay float64).
+#: (``model_layer.Covariance.low_rank_parts``), and numba's product kernel sums them in
+#: float32, each entry centred first (``gram_product._centred_gram_single``).
 #: Rounding G moves each centred entry by at most 2^-24 (abs(Gc_ij) + abs(m_j)). Near the
 #: posterior the mean m is small against the spread of the rows, so that is about 1e-7 of
-#: Sigma: a tenth or less of these tolerances, and far below the estimate's own error (about
-#: sqrt(D / n)). The Sigma used is thus a slightly different estimate, applied exactly, as
-#: NOGIN's structure needs. The kernels then read half the bytes per product
+#: Sigma, and the float32 sums bring the products' error to about 3e-7: a third of the
+#: conjugate-gradient tolerance, a thousandth of the Lanczos one, and far below the
+#: estimate's own error (about sqrt(D / n)). The Sigma used is thus a slightly different
+#: estimate, applied to that accuracy. The kernels then read half the bytes per product
 #: (``benchmarks/covariance_results_cost.md``, 2026-11-26 03:54 UTC, against 01:37 UTC):
 #: mCCAdL 2.60 instead of 2.86 times SGLD's step at D = 100 and 1.64 instead of 1.96 at
-#: D = 1,000, NOGIN with conjugate gradients 3.01 instead of 3.29 and 1.79 instead of 2.22.
-#: (mSGLD's product Sigma R, a correction of order eps Sigma / 8, reads them so always.)
+#: D = 1,000, NOGIN with conjugate gradients 3.01 instead of 3.29 and 1.79 instead of 2.22;
+#: the float32 sums took mCCAdL's step from 71 to 65 µs and NOGIN's from 87 to 77 µs
+#: (2026-12-02). (mSGLD's product Sigma R, a correction of order eps Sigma / 8, reads them
+#: so always.)
 SINGLE_PRECISION_ROWS = {"expm": ("half",), "cg": 1e-6}
 
 
@@ -286,8 +290,8 @@ def low_rank_matvec(g, mean, columns, gain, shift) -> Callable[[Variable], Varia
 def _low_rank_inputs(op: Op, values, ndims: list[int]) -> tuple[list[Variable], Variable]:
     """The inputs of a low-rank kernel, of ``ndims`` dimensions each, and its vector result's
     type. The dtype is that of the rows and vectors; the scalars follow it, as they do in the
-    graphs. Rows in float32 stay float32 in a float64 kernel, which reads them in single
-    precision and sums in double (:data:`SINGLE_PRECISION_ROWS`)."""
+    graphs. Rows in float32 stay float32 in a float64 kernel, which reads and sums them in
+    single precision (:data:`SINGLE_PRECISION_ROWS`)."""
     inputs = [as_tensor_variable(x) for x in values]
     got = [x.type.ndim for x in inputs]
     # The third input, the column map, is a vector of scales or a D x D matrix.

@@ -48,6 +48,28 @@ def test_product_is_the_centred_gram_matrix_times_w(dtype, n, dim, mode):
     np.testing.assert_allclose(result, expected, rtol=0, atol=scale * np.finfo(dtype).eps * 4)
 
 
+@pytest.mark.parametrize("seed", [0, 1])
+def test_float32_rows_of_a_float64_model_lose_no_more_than_their_own_rounding(seed):
+    # The Krylov kernels' default: rows rounded to float32, mean and vector in float64, as
+    # NoiseCovariance passes them. Far from the mode (rows 100 sds from zero) the rounding
+    # of the rows is the error floor of any kernel that reads them; the float32 sums, each
+    # entry centred first, add about eps32 to it (2.1e-6 against a floor of 2.1e-6 here).
+    # Uncentred sums of the rounded rows (the kernel before 2026-12-02) gave 1.4e-5-2.5e-4.
+    rng = np.random.default_rng(seed)
+    rows = rng.standard_normal((64, 24)) + 100.0
+    vector = rng.standard_normal(24)
+    mean = rows.mean(0)
+    exact = (rows - mean).T @ ((rows - mean) @ vector)
+    rounded = rows.astype("float32")
+    floor = (rounded - mean).T @ ((rounded - mean) @ vector) - exact
+    g = pt.matrix("g", dtype="float32")
+    m, w = pt.vector("m", dtype="float64"), pt.vector("w", dtype="float64")
+    product = pytensor.function([g, m, w], CentredGramProduct()(g, m, w), mode=FUSED)
+    error = np.linalg.norm(product(rounded, mean, vector) - exact)
+    bound = 1.5 * np.linalg.norm(floor) + 8 * np.finfo("float32").eps * np.linalg.norm(exact)
+    assert error <= bound
+
+
 @pytest.mark.parametrize("mode", [FUSED, PERFORM], ids=["numba", "perform"])
 def test_mismatched_shapes_raise(mode):
     with pytest.raises(ValueError, match="shapes do not match"):

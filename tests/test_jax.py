@@ -2,9 +2,10 @@
 
 All randomness (minibatch indices, Gaussian noise) is drawn on the host in NumPy and passed to
 the compiled block, so with the same ``random_seed`` the two backends run the same arithmetic
-on the same inputs: the draws must agree to rounding (float64), the sharpest check that the
-JAX path (static block lengths with padded short blocks, fixed-count CG and Lanczos loops)
-computes the same chain. Skipped when JAX is not installed (it is in the ``test`` extra).
+on the same inputs: the draws must agree to rounding (float64; float32 where the default
+backend's covariance products sum float32 rows, :data:`FLOAT32_ROWS`), the sharpest check
+that the JAX path (static block lengths with padded short blocks, fixed-count CG and Lanczos
+loops) computes the same chain. Skipped when JAX is not installed (it is in the ``test`` extra).
 """
 
 from __future__ import annotations
@@ -30,6 +31,14 @@ SAMPLE_KWARGS = dict(chains=1, progressbar=False, compute_convergence_checks=Fal
 #: Rounding only: the two compilers may order floating-point sums differently, and the
 #: chains' dynamics amplify such differences a little over a few hundred steps.
 TOLERANCE = 1e-10
+#: The samplers whose low-rank covariance products read the per-observation gradients
+#: rounded to float32 at their defaults (``krylov.SINGLE_PRECISION_ROWS``; mSGLD's always):
+#: the default backend's kernel sums them in float32 (``gram_product._centred_gram_single``),
+#: JAX's graph in float64, so each product differs by about 3e-7 relative and the draws by
+#: up to 4.6e-8 (2026-12-02; the draws' sds are 0.03-0.5). The tolerance is 20 times that;
+#: an error in the JAX path's algorithm moves the draws by a fraction of an sd.
+FLOAT32_ROWS = {"MSGLD", "MCCAdL", "NOGIN", "NOGIN-independent", "MCCAdL-shrinkage"}
+FLOAT32_ROWS_TOLERANCE = 1e-6
 
 
 def small_model() -> pm.Model:
@@ -46,15 +55,17 @@ def sample_both(factory, **kwargs):
     return results
 
 
-def assert_same_chain(default, jax, stats=("minibatch_logp", "step_size", "diverging")):
+def assert_same_chain(
+    default, jax, stats=("minibatch_logp", "step_size", "diverging"), tolerance=TOLERANCE
+):
     np.testing.assert_allclose(
-        jax.posterior["w"].values, default.posterior["w"].values, rtol=0, atol=TOLERANCE
+        jax.posterior["w"].values, default.posterior["w"].values, rtol=0, atol=tolerance
     )
     for name in stats:
         np.testing.assert_allclose(
             jax.sample_stats[name].values,
             default.sample_stats[name].values,
-            rtol=TOLERANCE,
+            rtol=tolerance,
             err_msg=name,
         )
 
@@ -102,7 +113,9 @@ def test_jax_draws_equal_the_default_backend(name):
         lambda mode: make(block_steps=50, mode=mode), tune=30, draws=70, **SAMPLE_KWARGS
     )
     assert not default.sample_stats["diverging"].values.any()
-    assert_same_chain(default, jax)
+    assert_same_chain(
+        default, jax, tolerance=FLOAT32_ROWS_TOLERANCE if name in FLOAT32_ROWS else TOLERANCE
+    )
 
 
 @pytest.mark.parametrize("name", ["SGLD", "MCCAdL", "NOGIN"])
@@ -352,7 +365,7 @@ def test_jax_blocks_run_the_low_rank_kernels_which_stop_early(name, kernel, stat
     inner = [node.op for node in block_scan.fgraph.apply_nodes]
     assert kernel in {type(op).__name__ for op in inner}
     assert not any(isinstance(op, Scan) for op in inner)
-    assert_same_chain(*runs)
+    assert_same_chain(*runs, tolerance=FLOAT32_ROWS_TOLERANCE)
     if stat:
         counts = [r.sample_stats[stat].values for r in runs]
         np.testing.assert_array_equal(counts[1], counts[0])
