@@ -81,7 +81,9 @@ class MCCAdL(Thermostatted):
         little compared with the scale on which :math:`\Sigma(\theta)` changes. At D = 100,
         n = 500, h = 1e-3, every 300 steps (a third of the default ``thin`` there) it costs
         1.43-1.48 SGLD steps per step against 2.4-2.6 for the paper's estimate
-        (``benchmarks/covariance_results_cost.md``), and gives the same variance ratio as the
+        (``benchmarks/covariance_results_cost_amd_epyc_2026-11-26.md``;
+        1.56 against 2.59 on the Intel Xeon of
+        ``benchmarks/covariance_results_cost.md``), and gives the same variance ratio as the
         every-step average at h = 5e-3 (1.52 against 1.51).
     noise_minibatch : {"same", "independent"}, default "same"
         The rows :math:`\Sigma` is estimated from. "same" (the paper's eq. 15): the
@@ -99,7 +101,9 @@ class MCCAdL(Thermostatted):
         (``benchmarks/same_minibatch_bias_results.md``). "independent": :math:`\Sigma` from
         a minibatch drawn for it alone, which removes the shift (0.04 sd there) for one more
         pass over a minibatch per step: 3.2 SGLD steps per step at D = 100 against 2.4
-        (``benchmarks/covariance_results_cost.md``). A periodic ``averaging`` removes it too,
+        (``benchmarks/covariance_results_cost_amd_epyc_2026-11-26.md``;
+        3.57 against 2.59 on the Intel Xeon of
+        ``benchmarks/covariance_results_cost.md``). A periodic ``averaging`` removes it too,
         at less cost, for D up to a few hundred.
     noise_shrinkage : {None, "auto"} or float, default None
         None uses the paper's estimate of :math:`\Sigma` from one minibatch. Otherwise the
@@ -160,7 +164,9 @@ class MCCAdL(Thermostatted):
     in one kernel, :class:`~pymc_sgmcmc.krylov.LowRankExpm`), and the per-observation
     gradients cost more than the summed gradient (CCAdL, which adds little else to SGNHT,
     takes 1.6x SGLD's time per step there): 2.4-2.6x SGLD's step in all
-    (``benchmarks/covariance_results_cost.md``).
+    (``benchmarks/covariance_results_cost_amd_epyc_2026-11-26.md``;
+    2.59x on the Intel Xeon of ``benchmarks/covariance_results_cost.md``,
+    2026-12-02, with the products' float32 sums).
 
     Sampler stats
     -------------

@@ -60,7 +60,9 @@ class NOGIN(SGMCMC):
         the forms of :math:`\Sigma` other than the low-rank estimate always 50, the iterate
         frozen once converged). "auto" takes "direct" when :math:`\min(D, n) \le 32` and "cg"
         otherwise: at D = 100, n = 500 a CG step costs less than a fifth of a direct one (49
-        against 271 µs, ``benchmarks/covariance_results_cost.md``).
+        against 271 µs, ``benchmarks/covariance_results_cost_amd_epyc_2026-11-26.md``;
+        78 against 406 µs on the Intel Xeon of
+        ``benchmarks/covariance_results_cost.md``).
     cg_tolerance : float, default 1e-6
         Relative residual :math:`\|r\| / \|p\|` at which conjugate gradients stop (at least
         1e-5 for a float32 model, whose rounding leaves residuals of about 1e-6). The matrix
@@ -105,7 +107,9 @@ class NOGIN(SGMCMC):
         position must move little compared with the scale on which :math:`\Sigma(\theta)`
         changes. At D = 100, n = 500, h = 1e-3, every 300 steps (a third of the default
         ``thin`` there) it costs 1.31-1.34 SGLD steps per step against 2.9-3.0 for the paper's
-        estimate by CG (``benchmarks/covariance_results_cost.md``), and at h = 5e-3 gives a
+        estimate by CG (``benchmarks/covariance_results_cost_amd_epyc_2026-11-26.md``;
+        1.48 against 2.73 on the Intel Xeon of
+        ``benchmarks/covariance_results_cost.md``), and at h = 5e-3 gives a
         variance ratio of 1.03 against 1.01 for the every-step average and 1.49 for the
         paper's estimate.
     noise_minibatch : {"same", "independent"}, default "same"
@@ -120,7 +124,10 @@ class NOGIN(SGMCMC):
         size adapted by default (``benchmarks/same_minibatch_bias_results.md``).
         "independent": :math:`\Sigma` from a minibatch drawn for it alone, which removes the
         shift (0.04 sd there) for one more pass over a minibatch per step: 3.5 SGLD steps per
-        step at D = 100 against 2.9 by CG (``benchmarks/covariance_results_cost.md``). A
+        step at D = 100 against 2.9 by CG
+        (``benchmarks/covariance_results_cost_amd_epyc_2026-11-26.md``;
+        3.83 against 2.73 on the Intel Xeon of
+        ``benchmarks/covariance_results_cost.md``). A
         periodic ``averaging`` removes it too, at less cost, for D up to a few hundred.
     noise_shrinkage : {None, "auto"} or float, default None
         With "estimate" only. None uses the paper's estimate of :math:`\Sigma` from one
