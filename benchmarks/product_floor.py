@@ -6,9 +6,11 @@ argument, each in a compiled numba loop (the smallest of 25 runs of many calls, 
 variants of a table alternated):
 
 1. the product ``Gc^T (Gc w)`` with the 500 x 100 per-observation gradients G, by the project's
-   kernel (``gram_product._centred_gram``) and by the alternatives tried: eight rows at a
-   time, G stored transposed, two BLAS calls, G stored in float32 (summed in float64), and
-   everything in float32;
+   kernel (``gram_product._centred_gram``: float64 rows, and float32 rows summed in float32
+   with each entry centred, as the blocks read them since 2026-12-02) and by the
+   alternatives tried: eight rows at a time, G stored transposed, two BLAS calls, G stored in
+   float32 but summed in float64 (the kernel before 2026-12-02), and everything in float32
+   without the centring;
 2. the predictor X[idx] @ w of SGLD's fused gather kernel on 500 random rows of data the size
    of P1's (10,000 x 100, 8 MB), against the first 500 rows (400 kB, which the L2 cache
    holds);
@@ -46,7 +48,7 @@ from models import GaussianRegression
 from report import header, output_path, write
 
 from pymc_sgmcmc.gather_dot import _gather_matvec
-from pymc_sgmcmc.gram_product import _centred_gram
+from pymc_sgmcmc.gram_product import _centred_gram, _centred_gram_double, _centred_gram_single
 
 N_OBS, DIM, BATCH = 10_000, 100, 500
 ROUNDS, REPEATS = 5, 5
@@ -122,12 +124,13 @@ def product_rows(rng) -> list[str]:
     reference = (g @ w - mean @ w) @ g
     single = g.astype(np.float32)
     variants = [
-        ("project kernel, 4 rows at a time (float64)", _centred_gram, g, np.float64),
+        ("project kernel, 4 rows at a time (float64)", _centred_gram_double, g, np.float64),
         ("8 rows at a time", gram_eight_rows, g, np.float64),
         ("G stored transposed (D x n)", gram_transposed, np.ascontiguousarray(g.T), np.float64),
         ("two BLAS calls", gram_blas, g, np.float64),
-        ("project kernel, G stored in float32", _centred_gram, single, np.float64),
-        ("project kernel, G, m, w and the sums in float32", _centred_gram, single, np.float32),
+        ("G stored in float32, summed in float64", _centred_gram_double, single, np.float64),
+        ("G, m, w and the sums in float32, uncentred", _centred_gram_double, single, np.float32),
+        ("project kernel, G in float32: centred sums", _centred_gram_single, single, np.float64),
     ]
     runs, errors = {}, {}
     for label, kernel, matrix, vector_type in variants:
