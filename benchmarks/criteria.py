@@ -168,7 +168,9 @@ def first_draw(lines: list[str]) -> list[Target]:
     lines += [
         "## 3. SGLD's first draw on P1",
         "",
-        "Step construction to the first stored draw in a fresh process (`suite.compile_times`): "
+        "Step construction to the first stored draw in a fresh process (`suite.compile_times`; "
+        "since 2026-12-02 23:00 UTC the package is imported before the clock starts, as in a "
+        "user's script, where the runs before counted its import too): "
         f"empty compile caches {cold:.1f} s, then the ones it filled {warm:.1f} s.",
         "",
     ]

@@ -24,15 +24,16 @@ Methods, all measured in the same process and run:
   NUTS run takes tens of minutes: by default a short run measures the cost per tuning draw
   and per draw and the result is a labelled projection (``--nuts-p4`` runs the real thing).
 
-Per method: time to first draw (step construction + ``pm.sample`` call to the first draw:
-graph building, compilation and the first steps; for JAX the jit compile plus the first
-chunk), steady-state steps/s (draws after the first block), and the time to a result: the wall
-time until the draws estimate every posterior mean within 0.1 posterior sd and every variance
-within 10 % in the root-mean-square over coordinates, measured at 40 checkpoints along the run
-on the second half of the draws so far (NUTS: all draws after tuning), and required to hold at
-every later checkpoint. References: exact posteriors for P1 and P2; for P3 and MNIST a long
-NUTS run cached in ``benchmarks/cache/`` (gitignored); for P4 the Laplace approximation at the
-full-data MAP (checked against the NUTS reference on P3 in the same run).
+Per method: time to first draw (step construction + ``pm.sample`` call to the first draw, the
+package imported before: graph building, compilation and the first steps; for JAX the jit
+compile plus the first chunk), steady-state steps/s (draws after the first block), and the time
+to a result: the wall time until the draws estimate every posterior mean within 0.1 posterior
+sd and every variance within 10 % in the root-mean-square over coordinates, measured at 40
+checkpoints along the run on the second half of the draws so far (NUTS: all draws after
+tuning), and required to hold at every later checkpoint. References: exact posteriors for P1
+and P2; for P3 and MNIST a long NUTS run cached in ``benchmarks/cache/`` (gitignored); for P4
+the Laplace approximation at the full-data MAP (checked against the NUTS reference on P3 in the
+same run).
 
 Step sizes come from the reference's largest posterior curvature lambda (unconstrained space):
 SGLD-type eps = 0.5 / lambda (a quarter of the stability limit), momentum samplers
@@ -285,8 +286,12 @@ def sample_kwargs(problem: Problem, seed: int, times: list) -> dict:
 def first_draw(
     problem: Problem, name: str, s: Settings, thin: int, seed: int, dtype: str = "float64"
 ):
-    """Build the step and draw once; returns (seconds, step, model)."""
+    """Build the step and draw once; returns (seconds, step, model). The clock starts after
+    the imports, as a user's script imports the package before it builds a step: importing
+    ``pymc_sgmcmc`` (which imports PyTensor's numba backend) took 0.6-0.8 s on a slow host."""
     import pymc as pm
+
+    import pymc_sgmcmc  # noqa: F401
 
     times: list[float] = []
     model = problem.model(dtype=dtype)
@@ -818,7 +823,8 @@ def write_report(cfg: Config, all_rows, infos, header: dict, path: Path) -> None
         "",
         "How to read: **steps/s** is steady state (after the first two blocks of 1,000 steps, "
         "every stored draw through PyMC's trace; NUTS: draws/s after tuning). **first draw** = "
-        "step construction + `pm.sample` call to the first draw in this process, with the compile "
+        "step construction + `pm.sample` call to the first draw in this process (the package "
+        "imported before the clock starts, as in a user's script), with the compile "
         "cache as found (JAX: jit compile + first 1,000-step chunk). **compile cold / warm** = "
         "the same in a fresh process with an empty PyTensor compile directory and an empty numba "
         "cache directory, then again with the ones it filled. **time to result** = first draw "
