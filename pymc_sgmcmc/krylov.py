@@ -52,6 +52,7 @@ from pytensor.scan.utils import until
 from pytensor.tensor.basic import as_tensor_variable
 
 from pymc_sgmcmc import gram_product
+from pymc_sgmcmc.gather_dot import _zero
 from pymc_sgmcmc.gram_product import EXPANSIONS, CentredGramProduct, _centred_gram
 
 #: The error tolerances of :func:`lanczos_expm`: ||error|| <= u ||v||.
@@ -474,7 +475,9 @@ def _apply_low_rank(g, mean, columns, gain, shift, x, scaled, gram, out):
 def _lanczos_expm(g, mean, columns, gain, shift, t, v, u, max_products):
     """:func:`lanczos_expm` on ``x -> gain M^T (Gc^T Gc (M x)) + d x``, line by line; the
     vector loops in order (no fast math: the products dominate, and the same rounding
-    wherever the kernel was compiled)."""
+    wherever the kernel was compiled). Written as loops, without NumPy's array expressions,
+    reductions and constructors (``v * v``, ``np.sum``, ``np.diag``, ``np.full``,
+    ``np.all``): each of those is more code for numba to compile."""
     dim = v.shape[0]
     _check(g.shape[1] == dim and mean.shape[0] == dim == columns.shape[-1] == shift.shape[0])
     tiny, eps = np.finfo(v.dtype).tiny, np.finfo(v.dtype).eps
@@ -483,42 +486,55 @@ def _lanczos_expm(g, mean, columns, gain, shift, t, v, u, max_products):
     alphas = np.zeros(max_products, dtype=v.dtype)
     couplings = np.zeros(max_products, dtype=v.dtype)
     scaled, gram = np.empty(dim, dtype=v.dtype), np.empty(dim, dtype=v.dtype)
-    w = np.empty(dim, dtype=v.dtype)
-    norm_v = np.sqrt(np.sum(v * v))
-    q = v / max(norm_v, tiny)
+    w, q = np.empty(dim, dtype=v.dtype), np.empty(dim, dtype=v.dtype)
+    norm_v = _zero(v)  # sums in the vectors' type, as np.sum's
+    for j in range(dim):
+        norm_v += v[j] * v[j]
+    norm_v = np.sqrt(norm_v)
+    for j in range(dim):
+        q[j] = v[j] / max(norm_v, tiny)
     beta_prev, log_bound, gamma, count, stop = 0.0, 0.0, -np.inf, 0, False
     while count < max_products and not stop:
         _apply_low_rank(g, mean, columns, gain, shift, q, scaled, gram, w)
         alpha = 0.0
         for j in range(dim):
             alpha += q[j] * w[j]
+        beta = _zero(w)
         for j in range(dim):
             previous = basis[count - 1, j] if count > 0 else 0.0
             w[j] = w[j] - alpha * q[j] - beta_prev * previous
-        beta = np.sqrt(np.sum(w * w))
+            beta += w[j] * w[j]
+        beta = np.sqrt(beta)
         gamma = max(gamma, beta_prev + beta - alpha)
         count += 1
         log_bound += np.log(max(t * beta, tiny)) - np.log(count)
         stop = log_bound + t * max(gamma, 0.0) <= log_u
         alphas[count - 1] = alpha
         couplings[count - 1] = 0.0 if stop else beta
-        basis[count - 1] = q
-        q = w / max(beta, tiny)
+        for j in range(dim):
+            basis[count - 1, j] = q[j]
+            q[j] = w[j] / max(beta, tiny)
         beta_prev = beta
-    tridiagonal = np.diag(alphas[:count])
+    result = np.zeros(dim, dtype=v.dtype)
+    tridiagonal = np.zeros((count, count), dtype=v.dtype)
+    finite = True
+    for i in range(count):
+        tridiagonal[i, i] = alphas[i]
+        finite = finite and np.isfinite(alphas[i])
     for i in range(count - 1):
         tridiagonal[i, i + 1] = tridiagonal[i + 1, i] = couplings[i]
-    if not np.all(np.isfinite(tridiagonal)):
+        finite = finite and np.isfinite(couplings[i])
+    if not finite:
         # A diverged state (non-finite momentum or gradients): numba's eigh would raise on
         # it; NaN is what the divergence check flags.
-        return np.full(dim, np.nan, dtype=v.dtype), np.asarray(count)
+        for k in range(dim):
+            result[k] = np.nan
+        return result, np.asarray(count)
     eigenvalues, vectors = np.linalg.eigh(tridiagonal)
-    first = vectors[0]
-    result = np.zeros(dim, dtype=v.dtype)
     for i in range(count):
         coefficient = 0.0
         for j in range(count):
-            coefficient += vectors[i, j] * np.exp(-t * eigenvalues[j]) * first[j]
+            coefficient += vectors[i, j] * np.exp(-t * eigenvalues[j]) * vectors[0, j]
         for k in range(dim):
             result[k] += norm_v * coefficient * basis[i, k]
     if not stop:  # Saad's a-posteriori estimate at the cap
@@ -526,23 +542,27 @@ def _lanczos_expm(g, mean, columns, gain, shift, t, v, u, max_products):
         for j in range(count):
             lam = eigenvalues[j]
             phi = t if t * abs(lam) < 1e-8 else -np.expm1(-t * lam) / lam
-            estimate += vectors[count - 1, j] * phi * first[j]
+            estimate += vectors[count - 1, j] * phi * vectors[0, j]
         if not beta_prev * abs(estimate) <= max(u, 100 * eps):  # also NaN
-            result[:] = np.nan
+            for k in range(dim):
+                result[k] = np.nan
     return result, np.asarray(count)  # a 0-d array, as PyTensor passes int64 scalars
 
 
 @numba.njit(cache=True)
 def _shifted_cg(g, mean, columns, gain, diagonal, v, tolerance, iterations):
     """:func:`conjugate_gradients` on ``x -> a x + gain M^T (Gc^T Gc (M x))``, line by line
-    (vector loops in order, as in :func:`_lanczos_expm`)."""
+    (vector loops in order, without array expressions, as in :func:`_lanczos_expm`)."""
     dim = v.shape[0]
     _check(g.shape[1] == dim and mean.shape[0] == dim == columns.shape[-1] == diagonal.shape[0])
     gain = gain.item()
-    x, r, d = np.zeros(dim, dtype=v.dtype), v.copy(), v.copy()
+    x, r, d = np.zeros(dim, dtype=v.dtype), np.empty_like(v), np.empty_like(v)
     scaled, gram = np.empty(dim, dtype=v.dtype), np.empty(dim, dtype=v.dtype)
     ad = np.empty(dim, dtype=v.dtype)
-    rr = np.sum(v * v)
+    rr = _zero(v)  # in the vector's type, as np.sum's
+    for j in range(dim):
+        r[j] = d[j] = v[j]
+        rr += v[j] * v[j]
     stop = tolerance**2 * rr
     for _ in range(iterations):
         _apply_low_rank(g, mean, columns, gain, diagonal, d, scaled, gram, ad)
