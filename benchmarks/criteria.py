@@ -169,8 +169,8 @@ def first_draw(lines: list[str]) -> list[Target]:
         "## 3. SGLD's first draw on P1",
         "",
         "Step construction to the first stored draw in a fresh process (`suite.compile_times`; "
-        "since 2026-12-02 23:00 UTC the package is imported before the clock starts, as in a "
-        "user's script, where the runs before counted its import too): "
+        "the package imported before the clock starts, as in a user's script: runs before "
+        "2026-12-02 23:00 UTC counted its import): "
         f"empty compile caches {cold:.1f} s, then the ones it filled {warm:.1f} s.",
         "",
     ]
