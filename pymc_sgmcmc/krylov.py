@@ -556,7 +556,8 @@ def _shifted_cg(g, mean, columns, gain, diagonal, v, tolerance, iterations):
     dim = v.shape[0]
     _check(g.shape[1] == dim and mean.shape[0] == dim == columns.shape[-1] == diagonal.shape[0])
     gain = gain.item()
-    x, r, d = np.zeros(dim, dtype=v.dtype), np.empty_like(v), np.empty_like(v)
+    x = np.zeros(dim, dtype=v.dtype)
+    r, d = np.empty(dim, dtype=v.dtype), np.empty(dim, dtype=v.dtype)
     scaled, gram = np.empty(dim, dtype=v.dtype), np.empty(dim, dtype=v.dtype)
     ad = np.empty(dim, dtype=v.dtype)
     rr = _zero(v)  # in the vector's type, as np.sum's
