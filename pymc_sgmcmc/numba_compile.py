@@ -17,6 +17,18 @@ warm unchanged (1.1-1.3 s). A later set, the machine slower: 16.1 -> 14.5 s (med
 9.6 -> 7.6 s, 1.3 -> 1.2 s. Without any wrapper the empty directory took 12.1 s but the
 changed model 11.4 s: nothing below the top was reusable.
 
+The functions of those ops -- the scan's loop, its step (the inner function graph), a lazy
+branch and the graphs of its two sides -- are then inlined into their callers
+(:func:`_inlined`: numba inlines their IR before typing them), so that each is no level of
+its own whose linked code LLVM optimises and emits once more: a block is one function around
+its leaf ops' and kernels'. Step construction to the first draw on P1 with every cache empty,
+alternated on a host about twice as slow as the one above (2026-12-03): SGLD 19.1 / 20.1 s
+against 21.2 / 23.0 s (warm unchanged, 2.4-2.5 s), mCCAdL 34.9 against 38.1 s, NOGIN 26.9
+against 31.9 s, SGNHT 25.2 against 26.3 s, CCAdL 22.8 against 26.6 s; the same draws, and the
+blocks' steps as fast. Numba cannot inline a call with more than 30 arguments
+(:data:`_MAX_INLINED_ARGUMENTS`), which stays a call: mCCAdL's block with ``covariance="full"``
+keeps its loop as a function of its own, and a model with many variables its step.
+
 PyTensor's numba ``scan`` ends with an epilogue that puts a circular buffer's rows in order
 (for an output whose buffer holds fewer rows than the loop has steps) and cuts a ``while``
 loop's outputs to the steps it ran. A block's traces have a buffer of exactly its (constant)
@@ -49,7 +61,8 @@ it is a non-contiguous view). The blocks of SGNHT, mSGLD, CCAdL and mCCAdL compi
 twice, mCCAdL's Lanczos loop its step four times; now once each. Step construction to the first
 draw on P1 with every cache empty, alternated (2026-11-25 UTC): SGNHT 19.9-26.5 s against
 22.8-28.4 s (faster in each of four pairs), mCCAdL 54.1-61.1 s against 57.3-67.2 s (three of
-four pairs), the other samplers within the machine's drift.
+four pairs), the other samplers within the machine's drift. Since the step is inlined into
+the loop (above), this matters for a step that takes too many arguments to inline.
 
 numba caches a compiled function with the code of every function it calls linked in as a
 weak copy, which LLVM optimises again inside the caller. In the process that compiles a
@@ -183,8 +196,9 @@ _UNTRACED_STATE = re.compile(r"^(\s*)(outer_in_\d+_untraced_sit_sot_storage) = (
 #: The storage epilogue after the loop of PyTensor's numba ``scan``: from the first ``if``
 #: after the loop's last statement to the ``return``.
 _EPILOGUE = re.compile(r"(\n        i \+= 1\n)\n    if .*?\n(    return )", re.S)
-#: Salts the scan's cache key: its source now differs from the one PyTensor keys it by.
-_SCAN_SOURCE_VERSION = "stable_state-2"
+#: Salts the scan's cache key: its source now differs from the one PyTensor keys it by, and
+#: its step is inlined (3; retires the blocks cached with the step as a function of its own).
+_SCAN_SOURCE_VERSION = "inlined-3"
 #: The name of the scan of a sampler's block (:mod:`pymc_sgmcmc.base`).
 BLOCK_SCAN_NAME = "sgmcmc_block"
 
@@ -215,16 +229,18 @@ _compile_numba_function_src = numba_scan.compile_numba_function_src
 
 
 @contextmanager
-def _scan_source_rewrite(drop_epilogue: bool) -> Iterator[None]:
-    """The scan funcified in this context gets :func:`_scan_source`'s source. A scan in its
-    inner graph (funcified first, in its own context) gets its own rewrite, not this one's on
-    top: a nested loop's epilogue (a ``while`` loop's outputs cut to the steps it ran) stays."""
+def _scan_source_rewrite(drop_epilogue: bool, step_arguments: int) -> Iterator[None]:
+    """The scan funcified in this context gets :func:`_scan_source`'s source, and its step
+    function (called with ``step_arguments`` arguments) is inlined. A scan in its inner graph
+    (funcified first, in its own context) gets its own rewrite, not this one's on top: a
+    nested loop's epilogue (a ``while`` loop's outputs cut to the steps it ran) stays."""
     outer = numba_scan.compile_numba_function_src
 
     def compile_rewritten(src, name, global_env, *args, **kwargs):
         if name == "scan":
             src = _scan_source(src, drop_epilogue)
-            global_env = {**global_env, "stable_state": stable_state}
+            step = _inlined(global_env["scan_inner_func"], step_arguments)
+            global_env = {**global_env, "stable_state": stable_state, "scan_inner_func": step}
         return _compile_numba_function_src(src, name, global_env, *args, **kwargs)
 
     numba_scan.compile_numba_function_src = compile_rewritten
@@ -236,7 +252,8 @@ def _scan_source_rewrite(drop_epilogue: bool) -> Iterator[None]:
 
 def _funcify_scan(op, node, **kwargs) -> tuple[Callable, str | None]:
     drop_epilogue = op.name == BLOCK_SCAN_NAME and _traces_fill_their_storage(op, node)
-    with _scan_source_rewrite(drop_epilogue):
+    # PyTensor's scan calls its step with one argument per input of the inner graph.
+    with _scan_source_rewrite(drop_epilogue, len(op.fgraph.inputs)):
         fn, key = numba_dispatch.numba_funcify_and_cache_key(op, node=node, **kwargs)
     if key is not None:
         salt = f"{_SCAN_SOURCE_VERSION}|epilogue={not drop_epilogue}"
@@ -257,22 +274,68 @@ def _truth_of_element(x):
     return lambda x: bool(x)
 
 
+#: CPython compiles a call with more arguments than this into ``CALL_FUNCTION_EX`` on a tuple
+#: of them (``STACK_USE_GUIDELINE`` in its compiler), a call that numba does not inline
+#: ("Calling a closure with *args is unsupported").
+_MAX_INLINED_ARGUMENTS = 30
+
+
+def _call_arguments(op, node) -> int | None:
+    """How many arguments its caller passes to ``op``'s numba function if PyTensor generates
+    that function from the op's inner graph (a scan, a lazy branch, a plain ``OpFromGraph``
+    such as a branch's graph); ``None`` for other ops. The subclasses of ``OpFromGraph`` that
+    PyTensor's rewrites make (``FusedElemwise``, ``ScalarizedJoin``, ...) have kernels of
+    their own, some of which call with ``*args``."""
+    if isinstance(op, Scan):
+        return len(node.inputs)
+    if isinstance(op, LazyIfElse):
+        return 1 + len(op.true_branch.fgraph.inputs)
+    if type(op) is OpFromGraph:
+        return len(op.fgraph.inputs)
+    return None
+
+
+def _inlined(fn: Callable, arguments: int | None) -> Callable:
+    """The numba function ``fn`` of an op that holds an inner graph, called with
+    ``arguments`` arguments, to be compiled as part of its caller: numba inlines its IR
+    before typing (``inline="always"``) instead of compiling it as a function of its own,
+    which LLVM would optimise and emit again in each caller above it (module docstring).
+    ``fn`` itself if it is called with too many arguments to inline (or ``arguments`` is
+    ``None``)."""
+    if arguments is None or arguments > _MAX_INLINED_ARGUMENTS:
+        return fn
+    if not isinstance(fn, numba.core.dispatcher.Dispatcher):
+        return fn
+    if fn.targetoptions.get("inline") == "always":
+        return fn
+    return numba.njit(fn.py_func, **{**fn.targetoptions, "inline": "always"})
+
+
+#: :func:`_funcify_lazy_ifelse`'s function, its arguments (``{args}``) named one by one.
+_LAZY_IFELSE = """
+def lazy_ifelse(condition, {args}):
+    if _truth(condition):
+        return true_fn({args})
+    return false_fn({args})
+"""
+
+
 def _funcify_lazy_ifelse(op: LazyIfElse, **kwargs) -> tuple[Callable, str | None]:
     """PyTensor's numba function of a lazy branch (``numba_funcify_LazyIfElse``), with the
-    condition read by :func:`_truth`."""
+    condition read by :func:`_truth` and the arguments named one by one: numba inlines no
+    call with ``*args`` (:func:`_inlined`)."""
     ensure_cache = numba_dispatch.numba_funcify_ensure_cache
     true_fn, true_key = ensure_cache(op.true_branch, **kwargs)
     false_fn, false_key = ensure_cache(op.false_branch, **kwargs)
-
-    @numba_dispatch.numba_njit
-    def lazy_ifelse(condition, *args):
-        if _truth(condition):
-            return true_fn(*args)
-        return false_fn(*args)
+    args = ", ".join(f"a{k}" for k in range(len(op.true_branch.fgraph.inputs)))
+    env = {"_truth": _truth, "true_fn": true_fn, "false_fn": false_fn}
+    exec(_LAZY_IFELSE.format(args=args), env)
+    lazy_ifelse = numba_dispatch.numba_njit(env["lazy_ifelse"])
 
     key = None
     if true_key is not None and false_key is not None:
-        key = str(("LazyIfElse-sgmcmc", 1, true_key, false_key))
+        # Version 2: the branches inlined.
+        key = str(("LazyIfElse-sgmcmc", 2, true_key, false_key))
         key = hashlib.sha256(key.encode()).hexdigest()
     return lazy_ifelse, key
 
@@ -305,17 +368,17 @@ def lean_cache_wrappers() -> Iterator[None]:
         try:
             if isinstance(op, Scan):
                 fn, key = _funcify_scan(op, node, **kwargs)
-                if not config.numba__cache:
-                    return fn, None
             elif isinstance(op, LazyIfElse):
                 fn, key = _funcify_lazy_ifelse(op, **kwargs)
-                if not config.numba__cache:
-                    return fn, None
-            elif not isinstance(op, _CONTAINERS) or not config.numba__cache:
-                return ensure_cache(op, node=node, **kwargs)
-            else:
+            elif isinstance(op, _CONTAINERS):
                 fn, key = numba_dispatch.numba_funcify_and_cache_key(op, node=node, **kwargs)
-            if outermost and key is not None and isinstance(fn, numba.core.dispatcher.Dispatcher):
+            else:
+                return ensure_cache(op, node=node, **kwargs)
+            if not config.numba__cache:
+                key = None
+            if not outermost:
+                return _inlined(fn, _call_arguments(op, node)), key
+            if key is not None and isinstance(fn, numba.core.dispatcher.Dispatcher):
                 return _cached_as_itself(fn, key), key
             return fn, key
         finally:

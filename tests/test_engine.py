@@ -7,6 +7,7 @@ chain at every thin-th step, and a divergence at an unstored step is still caugh
 
 from __future__ import annotations
 
+import collections
 import warnings
 
 import numpy as np
@@ -548,27 +549,42 @@ def test_loops_nested_in_the_block_keep_their_epilogue(monkeypatch):
     assert len(drops) >= 2 and drops.count(True) == 1
 
 
-def test_block_step_compiles_once_when_a_state_comes_back_as_a_view():
-    # SGNHT's thermostat is updated from p . p, which PyTensor's numba code returns as a 0-d
-    # strided view (layout "A") while the state entered the loop as a C-contiguous array:
-    # without stable_state numba unifies the loop variable's type and compiles the whole step
-    # a second time.
+def _numba_compilations(step) -> collections.Counter:
+    """The names of the functions numba compiles for a short run of ``step``, without numba's
+    cache (every function compiles here, where it is counted)."""
     import pytensor
     from numba.core import event
 
+    with pytensor.config.change_flags(numba__cache=False):
+        with event.install_recorder("numba:compile") as recorder:
+            idata = pm.sample(draws=3, step=step, random_seed=1, **SAMPLE_KWARGS)
+    assert np.isfinite(idata.posterior["w"].values).all()
+    names = (e.data["dispatcher"].py_func.__name__ for _, e in recorder.buffer if e.is_start)
+    return collections.Counter(names)
+
+
+def test_the_blocks_loop_its_step_and_its_lazy_branches_compile_inside_the_block():
+    # numba links a function's callees into its code, where LLVM optimises and emits them
+    # again: the block's scan, its step, the lazy branches and their graphs are inlined into
+    # the block's function instead of each being compiled as a function of its own.
     with small_problem().model():
-        step = SGNHT(step_size=1e-2, thin=2)
-        # No numba cache: the block's step must compile here, where its compilations are counted.
-        with pytensor.config.change_flags(numba__cache=False):
-            with event.install_recorder("numba:compile") as recorder:
-                idata = pm.sample(draws=3, step=step, random_seed=1, **SAMPLE_KWARGS)
-    steps_compiled = [
-        e
-        for _, e in recorder.buffer
-        if e.is_start and e.data["dispatcher"].py_func.__name__ == "numba_scan"
-    ]
-    assert len(steps_compiled) == 1
-    assert np.isfinite(idata.sample_stats["thermostat"].values).all()
+        compiled = _numba_compilations(SGNHT(step_size=1e-2, thin=2))
+    assert compiled["numba_funcified_fgraph"] >= 1
+    assert not {"scan", "numba_scan", "lazy_ifelse", "numba_ofg"} & set(compiled)
+
+
+def test_block_step_compiles_once_when_a_state_comes_back_as_a_view(monkeypatch):
+    # SGNHT's thermostat is updated from p . p, which PyTensor's numba code returns as a 0-d
+    # strided view (layout "A") while the state entered the loop as a C-contiguous array:
+    # without stable_state numba unifies the loop variable's type and compiles the whole step
+    # a second time. The step is a function of its own when it takes more arguments than
+    # numba can inline (a model with many variables); here all of them are made too many.
+    import pymc_sgmcmc.numba_compile as nc
+
+    monkeypatch.setattr(nc, "_MAX_INLINED_ARGUMENTS", 0)
+    with small_problem().model():
+        compiled = _numba_compilations(SGNHT(step_size=1e-2, thin=2))
+    assert compiled["numba_scan"] == 1
 
 
 def test_covariance_loops_call_blas_with_c_contiguous_operands_only():
