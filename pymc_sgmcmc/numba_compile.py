@@ -284,8 +284,9 @@ def _call_arguments(op, node) -> int | None:
     """How many arguments its caller passes to ``op``'s numba function if PyTensor generates
     that function from the op's inner graph (a scan, a lazy branch, a plain ``OpFromGraph``
     such as a branch's graph); ``None`` for other ops. The subclasses of ``OpFromGraph`` that
-    PyTensor's rewrites make (``FusedElemwise``, ``ScalarizedJoin``, ...) have kernels of
-    their own, some of which call with ``*args``."""
+    PyTensor's rewrites make (``FusedElemwise``, ``ScalarizedJoin``, ...) are kernels, not
+    graphs, and stay calls: inlined too, they took nothing measurable off SGLD's cold start
+    (``docs/performance.md``)."""
     if isinstance(op, Scan):
         return len(node.inputs)
     if isinstance(op, LazyIfElse):
@@ -308,7 +309,9 @@ def _inlined(fn: Callable, arguments: int | None) -> Callable:
         return fn
     if fn.targetoptions.get("inline") == "always":
         return fn
-    return numba.njit(fn.py_func, **{**fn.targetoptions, "inline": "always"})
+    # njit sets nopython itself, and warns if it is passed.
+    options = {k: v for k, v in fn.targetoptions.items() if k != "nopython"}
+    return numba.njit(fn.py_func, **options, inline="always")
 
 
 #: :func:`_funcify_lazy_ifelse`'s function, its arguments (``{args}``) named one by one.

@@ -551,13 +551,16 @@ def test_loops_nested_in_the_block_keep_their_epilogue(monkeypatch):
 
 def _numba_compilations(step) -> collections.Counter:
     """The names of the functions numba compiles for a short run of ``step``, without numba's
-    cache (every function compiles here, where it is counted)."""
+    cache (every function compiles here, where it is counted); numba must warn nothing."""
     import pytensor
     from numba.core import event
 
     with pytensor.config.change_flags(numba__cache=False):
         with event.install_recorder("numba:compile") as recorder:
-            idata = pm.sample(draws=3, step=step, random_seed=1, **SAMPLE_KWARGS)
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always")
+                idata = pm.sample(draws=3, step=step, random_seed=1, **SAMPLE_KWARGS)
+    assert not [str(w.message) for w in caught if "numba" in w.filename]
     assert np.isfinite(idata.posterior["w"].values).all()
     names = (e.data["dispatcher"].py_func.__name__ for _, e in recorder.buffer if e.is_start)
     return collections.Counter(names)
