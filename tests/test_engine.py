@@ -679,6 +679,52 @@ def test_compiled_blocks_are_cached_across_processes_and_reused_by_a_changed_mod
     assert 0 < changed["compiled"] < first["compiled"] // 2
 
 
+_LEAF_RUN = """
+import json
+import numpy as np, pytensor, pytensor.tensor as pt
+from numba.core import event
+from pymc_sgmcmc.numba_compile import lean_cache_wrappers
+x = pt.vector("x", shape=(3,))
+y = pt.vector("y", shape=(3,))
+with lean_cache_wrappers():
+    fn = pytensor.function([x, y], [pt.exp(x) * y, pt.sort(x)[::-1]], mode="NUMBA")
+with event.install_recorder("numba:compile") as recorder:
+    fn(np.arange(3.0), np.ones(3))
+compiled, callers = [], []
+for _, e in recorder.buffer:
+    py = e.data["dispatcher"].py_func
+    if e.is_start:
+        compiled.append([*callers, py.__name__])
+        callers.append(py.__name__)
+    else:
+        callers.pop()
+print(json.dumps(compiled))
+"""
+
+
+def test_a_leaf_op_compiles_once_as_its_caching_wrapper(tmp_path):
+    # PyTensor caches each leaf op's numba function through a wrapper that calls it, one more
+    # level whose code LLVM optimises and emits again; lean_cache_wrappers inlines the op's
+    # function into its wrapper instead, which is still cached under the op's key.
+    import json
+    import subprocess
+    import sys
+
+    def compiled() -> list[list[str]]:
+        run = [sys.executable, "-c", _LEAF_RUN]
+        out = subprocess.run(
+            run, env=_env_with_compiledir(tmp_path), capture_output=True, text=True, check=True
+        )
+        return json.loads(out.stdout.strip().splitlines()[-1])
+
+    first = compiled()
+    leaves = [path for path in first if len(path) == 2]
+    assert len(leaves) >= 2  # the elementwise product and the sort, at least
+    # No leaf compiles a function of its own name (a wrapper compiling its op's function).
+    assert not [path for path in first if len(path) == 3 and path[1] == path[2]]
+    assert compiled() == []  # the next process loads everything from the cache
+
+
 _CHAIN_RUN = """
 import sys
 import numpy as np, pymc as pm
