@@ -31,8 +31,8 @@ keeps its loop as a function of its own, and a model with many variables its ste
 
 A leaf op's wrapper, too, no longer calls the op's function but inlines it
 (:func:`_leaf_with_its_function_inlined`): the wrapper, cached under the op's key as before, is
-the op's only compiled function, where PyTensor's compiled the op's function and then the
-wrapper around it, whose linked code LLVM optimised and emitted once more. Both processes
+the op's only compiled function. With PyTensor's wrapper numba compiled the op's function and
+then the wrapper, whose linked copy of it LLVM optimised and emitted once more. Both processes
 started together on the host's two cores, every cache empty (2026-12-03, the same slow host),
 step construction to the first draw on P1: SGLD 0.7 s shorter on average (5 of 6 pairs),
 NOGIN 1.3 s (0.2-3.3 s, 4 pairs), mCCAdL 2.6 s (2.3-3.0 s, 4 pairs) of 20-38 s; the same
@@ -98,6 +98,7 @@ constant (``_opaque``): vectorised alike wherever they are optimised.
 from __future__ import annotations
 
 import hashlib
+import inspect
 import re
 import types
 from collections.abc import Callable, Iterator
@@ -306,15 +307,19 @@ def _call_arguments(op, node) -> int | None:
 
 
 def _inlined(fn: Callable, arguments: int | None) -> Callable:
-    """The numba function ``fn`` of an op that holds an inner graph, called with
-    ``arguments`` arguments, to be compiled as part of its caller: numba inlines its IR
-    before typing (``inline="always"``) instead of compiling it as a function of its own,
-    which LLVM would optimise and emit again in each caller above it (module docstring).
-    ``fn`` itself if it is called with too many arguments to inline (or ``arguments`` is
-    ``None``)."""
+    """The numba function ``fn`` of an op (one that holds an inner graph, or a leaf op inside
+    its caching wrapper), called with ``arguments`` arguments, to be compiled as part of its
+    caller: numba inlines its IR before typing (``inline="always"``) instead of compiling it
+    as a function of its own, which LLVM would optimise and emit again in each caller above
+    it (module docstring). ``fn`` itself if it is called with too many arguments to inline
+    (or ``arguments`` is ``None``), is no numba dispatcher, or takes ``*args`` (numba's
+    inliner does not: "Stararg not supported in inliner", as in PyTensor's ``CheckAndRaise``
+    and ``Join``)."""
     if arguments is None or arguments > _MAX_INLINED_ARGUMENTS:
         return fn
     if not isinstance(fn, numba.core.dispatcher.Dispatcher):
+        return fn
+    if fn.py_func.__code__.co_flags & inspect.CO_VARARGS:
         return fn
     if fn.targetoptions.get("inline") == "always":
         return fn
@@ -367,7 +372,7 @@ def _cached_as_itself(fn, key: str) -> Callable:
 
 
 #: The caching wrapper of a leaf op (:func:`_leaf_with_its_function_inlined`), its arguments
-#: (``{args}``) named one by one: PyTensor's wrapper passes ``*args``, which numba inlines not.
+#: (``{args}``) named one by one: PyTensor's passes ``*args``, a call numba does not inline.
 _LEAF_WRAPPER = """
 def {name}({args}):
     return jitable_func({args})
