@@ -41,7 +41,6 @@ import pytensor.tensor as pt
 from pymc.blocking import RaveledVars
 from pymc.exceptions import SamplingError
 from pymc.model import modelcontext
-from pymc.pytensorf import compile as compile_pymc
 from pymc.step_methods.arraystep import ArrayStepShared
 from pymc.step_methods.compound import Competence, StepMethodState
 from pymc.step_methods.state import dataclass_state
@@ -87,6 +86,7 @@ from pymc_sgmcmc.numba_compile import (
     plain_assignment_errors,
 )
 from pymc_sgmcmc.python_mode import has_scalar_loop, one_off_mode
+from pymc_sgmcmc.rewrite_cache import compile_pymc_function
 from pymc_sgmcmc.runaway import (
     STRIDE,
     TRANSIENT_START,
@@ -911,7 +911,7 @@ class SGMCMC(ArrayStepShared):
         # block or loaded it from numba's cache (``numba_compile``).
         try:
             with self.sg_model.model, lean_cache_wrappers(), deterministic_fastmath():
-                return compile_pymc(inputs, outputs, random_seed=False, **kwargs)
+                return compile_pymc_function(inputs, outputs, **kwargs)
         except NotImplementedError as err:
             if not self.static_shapes:
                 raise

@@ -58,6 +58,7 @@ from pymc_sgmcmc.krylov import (
 )
 from pymc_sgmcmc.numba_compile import deterministic_fastmath
 from pymc_sgmcmc.python_mode import one_off_mode
+from pymc_sgmcmc.rewrite_cache import caching_rewrites
 
 __all__ = [
     "ControlVariate",
@@ -767,7 +768,11 @@ class SGModel:
         float64 would get float64 nodes); it takes the host's float64 arrays."""
         with pytensor.config.change_flags(floatX=self.dtype), deterministic_fastmath():
             return pytensor.function(
-                inputs, outputs, mode=mode, on_unused_input="ignore", allow_input_downcast=True
+                inputs,
+                outputs,
+                mode=caching_rewrites(mode),
+                on_unused_input="ignore",
+                allow_input_downcast=True,
             )
 
     def _one_off_function(self, inputs, outputs):

@@ -1,0 +1,89 @@
+"""Rewritten graphs kept on disk (``pymc_sgmcmc.rewrite_cache``): a function compiled again,
+in another process, skips PyTensor's rewrites and computes exactly what the function whose
+graph was rewritten computed; a changed graph is rewritten afresh, and a data set's values are
+never stored."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+_RUN = """
+import json, sys
+import numpy as np, pytensor, pytensor.tensor as pt
+from pymc_sgmcmc import rewrite_cache
+from pymc_sgmcmc.rewrite_cache import caching_rewrites, rewrite_cache_dir
+
+rewritten = []  # the rewrites of this function (an op's perform may compile functions too)
+maker = rewrite_cache._RewriteCachingMaker
+prepare = maker.prepare_fgraph
+def counted(*args, **kwargs):
+    rewritten.append(1)
+    return prepare(*args, **kwargs)
+maker.prepare_fgraph = staticmethod(counted)
+
+scale = float(sys.argv[1])
+x = pt.vector("x", shape=(4,))
+data = pytensor.shared(np.linspace(-1.0, 1.0, 200_000).reshape(50_000, 4), name="data")
+# Rewritten into something else: a stable log-sum-exp, log(exp(x)) -> x, fused elementwise
+# ops, and (compiled) one that overwrites z in place after two reductions have read it.
+z = (data[:5] @ x) * scale
+outputs = [pt.log(pt.exp(z).sum()) + pt.log(pt.exp(x)).sum(), pt.exp(z) * z.sum()]
+runs = {}
+for mode in ["NUMBA", "FAST_COMPILE"]:
+    rewritten.clear()
+    fn = pytensor.function([x], outputs, mode=caching_rewrites(mode))
+    runs[mode] = {
+        "rewritten": len(rewritten),
+        "values": [np.asarray(v).tolist() for v in fn(np.linspace(0.1, 0.4, 4))],
+        "in_place": any(node.op.destroy_map for node in fn.maker.fgraph.apply_nodes),
+    }
+stored = sorted(rewrite_cache_dir().iterdir())
+runs["files"] = [p.name for p in stored]
+runs["largest"] = max(p.stat().st_size for p in stored)
+print(json.dumps(runs))
+"""
+
+
+def _run(compiledir, scale: float) -> dict:
+    flags = ",".join(
+        f for f in [os.environ.get("PYTENSOR_FLAGS", ""), f"base_compiledir={compiledir}"] if f
+    )
+    env = {**os.environ, "PYTENSOR_FLAGS": flags, "NUMBA_CACHE_DIR": str(compiledir / "nb")}
+    out = subprocess.run(
+        [sys.executable, "-c", _RUN, str(scale)],
+        env=env,
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def test_a_graph_compiled_again_in_another_process_is_not_rewritten_again(tmp_path):
+    # Compiled (numba) and PyTensor's Python mode (the helpers run once per chain).
+    modes = ["NUMBA", "FAST_COMPILE"]
+    first = _run(tmp_path, 1.0)
+    assert [first[m]["rewritten"] for m in modes] == [1, 1]
+    assert len(first["files"]) == 2
+    # The 1.6 MB data set is an input, not part of the stored graphs.
+    assert first["largest"] < 100_000
+    # The compiled graph holds an in-place op, which must run after the reductions that read
+    # what it overwrites: PyTensor orders it so again when the graph is loaded (its
+    # DestroyHandler); otherwise the values below would differ.
+    assert first["NUMBA"]["in_place"]
+
+    again = _run(tmp_path, 1.0)
+    assert again["files"] == first["files"]
+    for mode in modes:
+        assert again[mode]["rewritten"] == 0
+        assert again[mode]["values"] == first[mode]["values"]  # bit for bit
+        assert again[mode]["in_place"] == first[mode]["in_place"]
+
+    # A changed constant is another graph: rewritten and stored under a key of its own.
+    changed = _run(tmp_path, 2.0)
+    assert [changed[m]["rewritten"] for m in modes] == [1, 1]
+    assert len(changed["files"]) == 4
+    assert all(changed[m]["values"] != first[m]["values"] for m in modes)
