@@ -5,21 +5,26 @@ cache then loads the machine code: a sampler's block graph took 1.1 s (SGLD) and
 (NOGIN) of rewriting on P1, its host-side helpers 0.5 s more, more than half of a warm first
 draw (3.0 and 4.1 s on a slow host, 2026-12-03). :func:`caching_rewrites` gives a mode whose
 functions keep their rewritten graph in PyTensor's compile directory
-(``<compiledir>/sgmcmc_rewrites``), under a key of
+(:func:`rewrite_cache_dir`), under a key of
 
-- the graph before rewriting, pickled in PyTensor's structural form
-  (:class:`~pytensor.graph.fg.FrozenFunctionGraph`: the function's inputs by position and
-  type -- shared variables too, so a data set's values are never part of it -- and every
-  op, constant and type in full);
+- the graph before rewriting, pickled in PyTensor's structural form (``FrozenFunctionGraph``:
+  the function's inputs by position and type -- shared variables too, so a data set's values
+  are never part of it), each op by its class and ``__props__`` and a scan by what
+  ``Scan.__eq__`` compares (``_StructurePickler``), constants by type, data and name;
 - what decides the rewrites: the mode's rewrite query and linker, every rewrite registered
   in PyTensor's database, PyTensor's configuration (its C-key options and the rewriting
-  flags), and the versions of PyTensor, PyMC, NumPy and this package's source.
+  flags), and the versions of PyTensor, PyMC, NumPy and numba and this package's source.
 
 A later compilation of the same graph, in this process or another, loads the rewritten graph
 with the function's own input variables in place of the stored ones and hands it to
-PyTensor's ``FunctionMaker`` as prepared (``no_fgraph_prep``, as ``Function.copy`` does).
-Anything that cannot be keyed, stored or loaded -- an op that does not pickle, a graph with
-updates, a damaged file -- just compiles as before.
+PyTensor's ``FunctionMaker`` as prepared (``no_fgraph_prep``, as ``Function.copy`` does);
+PyTensor attaches again the ``DestroyHandler`` that runs each in-place op after the ops that
+read what it overwrites. Anything that cannot be keyed, stored or loaded -- an op that does
+not pickle, a graph with updates, a damaged file -- just compiles as before.
+
+Step construction to the first draw on P1 with warm caches, old and new code run together on
+that host (three pairs): SGLD 2.5-2.8 s -> 1.3-1.4 s, NOGIN 3.6-4.3 s -> 1.3-1.5 s, the same
+draws bit for bit (``docs/performance.md``, "Rewritten graphs kept").
 """
 
 from __future__ import annotations
@@ -198,11 +203,15 @@ class _InputsFromPosition(pickle.Unpickler):
 def _store(path: Path, fgraph: FunctionGraph) -> None:
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        with tempfile.NamedTemporaryFile(dir=path.parent, delete=False) as tmp:
+        tmp = tempfile.NamedTemporaryFile(dir=path.parent, delete=False)
+    except OSError:  # no writable compile directory: nothing is kept
+        return
+    try:
+        with tmp:
             _InputsByPosition(tmp, list(fgraph.inputs)).dump(list(fgraph.outputs))
         os.replace(tmp.name, path)  # atomic: a reader sees the whole file or none
-    except Exception:  # a graph that does not pickle is compiled afresh next time
-        with contextlib.suppress(Exception):
+    except Exception:  # a graph that does not pickle is rewritten again next time
+        with contextlib.suppress(OSError):
             os.unlink(tmp.name)
 
 
