@@ -32,6 +32,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import importlib.metadata
+import inspect
 import io
 import os
 import pickle
@@ -134,6 +135,21 @@ def _settings_fingerprint(mode: Mode) -> str | None:
     )
 
 
+#: Packages whose versions are in the key already (:func:`_source_fingerprint`).
+_VERSIONED = ("pytensor", "pymc", "pymc_sgmcmc", "numpy", "numba")
+
+
+@cache
+def _class_source(cls: type) -> str:
+    """The source of an op class from outside the versioned packages (a user's own op): an
+    edited ``infer_shape`` would change the rewrites without changing the graph's pickle. A
+    class whose source cannot be read (defined in ``python -c``) raises, and its graphs are
+    not kept."""
+    if cls.__module__.split(".")[0] in _VERSIONED:
+        return ""
+    return hashlib.sha256(inspect.getsource(cls).encode()).hexdigest()
+
+
 def _structure(*parts):
     """Stands for an object in the key's pickle (which is hashed, never loaded)."""
     raise NotImplementedError
@@ -155,7 +171,8 @@ class _StructurePickler(pickle.Pickler):
             mode = obj.mode if isinstance(obj.mode, str | None) else repr(obj.mode)
             return _structure, (type(obj), *(getattr(obj, a) for a in attrs), mode)
         if isinstance(obj, Op | ScalarOp) and getattr(type(obj), "__props__", None) is not None:
-            return _structure, (type(obj), *(getattr(obj, p) for p in type(obj).__props__))
+            props = (getattr(obj, p) for p in type(obj).__props__)
+            return _structure, (type(obj), _class_source(type(obj)), *props)
         if isinstance(obj, Constant) and not isinstance(obj, NominalVariable):
             data = obj.data
             if isinstance(data, np.ndarray | np.generic):
