@@ -77,11 +77,15 @@ def rewrite_cache_dir() -> Path:
     return Path(pytensor.config.compiledir) / "sgmcmc_rewrites"
 
 
+#: The distributions whose versions are in the key (their rewrites and ops).
+_VERSIONED_DISTRIBUTIONS = ("pytensor", "pymc", "numpy", "numba")
+
+
 @cache
 def _source_fingerprint() -> str:
     """The versions the rewrites come from, and this package's own source (its rewrites)."""
     digest = hashlib.sha256()
-    for dist in ("pytensor", "pymc", "numpy", "numba"):
+    for dist in _VERSIONED_DISTRIBUTIONS:
         with contextlib.suppress(importlib.metadata.PackageNotFoundError):
             digest.update(f"{dist}={importlib.metadata.version(dist)};".encode())
     for path in sorted(Path(__file__).parent.rglob("*.py")):
@@ -135,8 +139,8 @@ def _settings_fingerprint(mode: Mode) -> str | None:
     )
 
 
-#: Packages whose versions are in the key already (:func:`_source_fingerprint`).
-_VERSIONED = ("pytensor", "pymc", "pymc_sgmcmc", "numpy", "numba")
+#: Packages whose code is in the key already (:func:`_source_fingerprint`).
+_VERSIONED = (*_VERSIONED_DISTRIBUTIONS, __name__.split(".")[0])
 
 
 @cache
@@ -236,9 +240,7 @@ def _load(path: Path, inputs: list[Variable], outputs: list[Variable]) -> Functi
     try:
         with path.open("rb") as f:
             rewritten = _InputsFromPosition(f, inputs).load()
-    except FileNotFoundError:
-        return None
-    except Exception:  # damaged, or written by code this key did not see: compile afresh
+    except Exception:  # none yet, damaged, or written by code this key did not see
         return None
     if len(rewritten) != len(outputs) or any(
         r.type != o.type for r, o in zip(rewritten, outputs, strict=True)
@@ -255,13 +257,13 @@ class _RewriteCachingMaker(FunctionMaker):
         path = None
         if kwargs.get("fgraph") is None and not kwargs.get("no_fgraph_prep"):
             specs = [self.wrap_in(i) for i in inputs]
+            in_vars = [s.variable for s in specs]
             outs = outputs if isinstance(outputs, list | tuple) else [outputs]
             out_vars = [getattr(o, "variable", o) for o in outs]
             if outputs is not None and not any(s.update is not None for s in specs):
-                key = _graph_key([s.variable for s in specs], out_vars, get_mode(mode))
+                key = _graph_key(in_vars, out_vars, get_mode(mode))
                 path = rewrite_cache_dir() / f"{key}.pkl" if key else None
         if path is not None:
-            in_vars = [s.variable for s in specs]
             fgraph = _load(path, in_vars, out_vars)
             if fgraph is not None:
                 # In-place ops are in the stored graph by design: PyTensor attaches the
