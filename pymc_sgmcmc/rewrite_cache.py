@@ -30,15 +30,17 @@ draws bit for bit (``docs/performance.md``, "Rewritten graphs kept").
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import hashlib
 import importlib.metadata
 import inspect
-import io
 import os
 import pickle
 import tempfile
+from collections.abc import Mapping
 from functools import cache
 from pathlib import Path
+from types import BuiltinFunctionType, FunctionType
 
 import numpy as np
 import pytensor
@@ -50,15 +52,15 @@ from pytensor.compile.maker import FunctionMaker
 from pytensor.compile.mode import Mode, get_mode
 from pytensor.graph.basic import Constant, NominalVariable, Variable
 from pytensor.graph.fg import FrozenFunctionGraph, FunctionGraph
-from pytensor.graph.op import Op
 from pytensor.graph.rewriting.db import RewriteDatabase, RewriteDatabaseQuery
+from pytensor.graph.traversal import io_toposort
 from pytensor.scalar.basic import ScalarOp
 from pytensor.scan.op import Scan
 
 __all__ = ["CachingRewritesMode", "caching_rewrites", "compile_pymc_function", "rewrite_cache_dir"]
 
 #: Bumped when the stored form changes.
-_FORMAT = "1"
+_FORMAT = "2"
 
 #: PyTensor flags that change what the rewrites do but are not in its C key.
 _REWRITE_FLAGS = (
@@ -144,61 +146,113 @@ _VERSIONED = (*_VERSIONED_DISTRIBUTIONS, __name__.split(".")[0])
 
 
 @cache
-def _class_source(cls: type) -> str:
-    """The source of an op class from outside the versioned packages (a user's own op): an
-    edited ``infer_shape`` would change the rewrites without changing the graph's pickle. A
-    class whose source cannot be read (defined in ``python -c``) raises, and its graphs are
-    not kept."""
-    if cls.__module__.split(".")[0] in _VERSIONED:
+def _source_hash(obj: type | FunctionType) -> str:
+    """The source of a class or function from outside the versioned packages (a user's own
+    op): an edited ``infer_shape`` would change the rewrites without changing the graph's
+    description. One whose source cannot be read (defined in ``python -c``) raises, and its
+    graphs are not kept."""
+    module = (getattr(obj, "__module__", None) or "").split(".")[0]
+    if module in _VERSIONED or isinstance(obj, BuiltinFunctionType) or module == "builtins":
         return ""
-    return hashlib.sha256(inspect.getsource(cls).encode()).hexdigest()
+    return hashlib.sha256(inspect.getsource(obj).encode()).hexdigest()
 
 
-def _structure(*parts):
-    """Stands for an object in the key's pickle (which is hashed, never loaded)."""
-    raise NotImplementedError
+class _Unkeyable(Exception):
+    """A part of a graph with no description stable across processes: the function is
+    compiled as before, without the cache."""
 
 
-class _StructurePickler(pickle.Pickler):
-    """Pickles a graph by what PyTensor compares it by.
+def _qualified(cls: type) -> str:
+    return f"{cls.__module__}.{cls.__qualname__}"
 
-    Ops by their class and ``__props__`` (PyTensor's own notion of an op's identity: ops
-    with equal props are merged by the rewrites) and a scan by what ``Scan.__eq__`` compares
-    (its info, inner graph, mode and options), not by their ``__dict__``, which also holds
-    what compiling them once cached on them (a first compilation in this process and a
-    load from numba's cache left different state, and a different key, on the same
-    elementwise op); constants by their type, data and name, not their serial name."""
 
-    def reducer_override(self, obj):
-        if isinstance(obj, Scan):
-            attrs = ("info", "profile", "truncate_gradient", "name", "allow_gc", "fgraph")
-            mode = obj.mode if isinstance(obj.mode, str | None) else repr(obj.mode)
-            return _structure, (type(obj), *(getattr(obj, a) for a in attrs), mode)
-        if isinstance(obj, Op | ScalarOp) and getattr(type(obj), "__props__", None) is not None:
-            props = (getattr(obj, p) for p in type(obj).__props__)
-            return _structure, (type(obj), _class_source(type(obj)), *props)
-        if isinstance(obj, Constant) and not isinstance(obj, NominalVariable):
-            data = obj.data
-            if isinstance(data, np.ndarray | np.generic):
-                data = (
-                    data.dtype.str,
-                    data.shape,
-                    hashlib.sha256(np.ascontiguousarray(data)).digest(),
-                )
-            return _structure, (obj.type, data, obj.name)
-        return NotImplemented
+def _describe(obj):
+    """``obj`` as nested tuples of strings, numbers, bytes and None, whose ``repr`` is the
+    same in every process for equal values and different for values PyTensor tells apart.
+
+    What PyTensor compares a graph's parts by: an op by its class and ``__props__`` (ops with
+    equal props are merged by the rewrites), a scalar op without props by what its ``__eq__``
+    compares, a scan by what ``Scan.__eq__`` compares, a type by its props, a constant by its
+    type, data and name. Never an object's identity: the pickle of a graph this key used to
+    be depended on it (a reference to an object met before, a full copy for an equal one),
+    and PyTensor interns graph nodes process-wide, so which of the two a graph held depended
+    on what the process had compiled before (311 of 690 graphs of the test suite got a new
+    key in a second run). Nor an object's ``__dict__``, which also holds what compiling it
+    cached on it."""
+    if obj is None or isinstance(obj, bool | int | float | complex | str | bytes):
+        return obj
+    if isinstance(obj, np.ndarray | np.generic):
+        digest = hashlib.sha256(np.ascontiguousarray(obj)).digest()
+        return ("array", obj.dtype.str, np.shape(obj), digest)
+    if isinstance(obj, np.dtype):
+        return ("dtype", obj.str)
+    if isinstance(obj, tuple | list):
+        return (type(obj).__name__, *map(_describe, obj))
+    if isinstance(obj, Mapping):
+        items = ((_describe(k), _describe(v)) for k, v in obj.items())
+        return ("mapping", *sorted(items, key=repr))
+    if isinstance(obj, set | frozenset):
+        return ("set", *sorted(map(_describe, obj), key=repr))
+    if isinstance(obj, slice):
+        return ("slice", _describe(obj.start), _describe(obj.stop), _describe(obj.step))
+    if isinstance(obj, Constant) and not isinstance(obj, NominalVariable):
+        return ("constant", _describe(obj.type), _describe(obj.data), obj.name)
+    if isinstance(obj, FunctionGraph | FrozenFunctionGraph):
+        return _describe_graph(obj.inputs, obj.outputs)
+    if isinstance(obj, Scan):
+        attrs = ("info", "profile", "truncate_gradient", "name", "allow_gc", "fgraph", "mode")
+        return ("scan", *(_describe(getattr(obj, a)) for a in attrs))
+    if isinstance(obj, Mode):
+        text = repr(obj)
+        if " at 0x" in text:  # named by its address: no description stable across runs
+            raise _Unkeyable(text)
+        return ("mode", text)
+    cls = type(obj)
+    if getattr(cls, "__props__", None) is not None:
+        props = (_describe(getattr(obj, p)) for p in cls.__props__)
+        return ("props", _qualified(cls), _source_hash(cls), *props)
+    if isinstance(obj, ScalarOp):  # ScalarOp.__eq__: the class and the output types' rule
+        preference = _describe(getattr(obj, "output_types_preference", None))
+        return ("scalar_op", _qualified(cls), _source_hash(cls), preference)
+    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        fields = (_describe(getattr(obj, f.name)) for f in dataclasses.fields(obj))
+        return ("dataclass", _qualified(cls), *fields)
+    if isinstance(obj, type | FunctionType | BuiltinFunctionType):
+        return ("global", obj.__module__, obj.__qualname__, _source_hash(obj))
+    raise _Unkeyable(_qualified(cls))
+
+
+def _describe_graph(inputs, outputs) -> tuple:
+    """A graph by its structure: its inputs by position and type, its nodes in topological
+    order, each by its op, where its inputs come from and its outputs' types."""
+    origins: dict[int, tuple] = {id(v): ("input", k) for k, v in enumerate(inputs)}
+
+    def origin(var: Variable) -> tuple:
+        if id(var) in origins:
+            return origins[id(var)]
+        if isinstance(var, Constant):
+            return _describe(var)
+        raise _Unkeyable(f"orphan {var}")
+
+    nodes = []
+    for j, node in enumerate(io_toposort(inputs, outputs)):
+        sources = tuple(origin(v) for v in node.inputs)
+        types = tuple(_describe(o.type) for o in node.outputs)
+        nodes.append((_describe(node.op), sources, types))
+        origins.update((id(o), ("node", j, k)) for k, o in enumerate(node.outputs))
+    signature = tuple(_describe(v.type) for v in inputs)
+    return ("graph", signature, tuple(nodes), tuple(origin(o) for o in outputs))
 
 
 def _graph_key(inputs: list[Variable], outputs: list[Variable], mode: Mode) -> str | None:
     settings = _settings_fingerprint(mode)
     if settings is None:
         return None
-    buffer = io.BytesIO()
     try:
-        _StructurePickler(buffer, protocol=5).dump(FrozenFunctionGraph.from_io(inputs, outputs))
-    except Exception:  # an orphan variable, an op that does not pickle
+        graph = repr(_describe_graph(inputs, outputs))
+    except Exception:  # _Unkeyable, an unreadable class source, a very deep graph
         return None
-    return hashlib.sha256(settings.encode() + buffer.getvalue()).hexdigest()
+    return hashlib.sha256(f"{settings}\n{graph}".encode()).hexdigest()
 
 
 class _InputsByPosition(pickle.Pickler):
