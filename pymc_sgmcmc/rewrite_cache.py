@@ -7,10 +7,10 @@ draw (3.0 and 4.1 s on a slow host, 2026-12-03). :func:`caching_rewrites` gives 
 functions keep their rewritten graph in PyTensor's compile directory
 (:func:`rewrite_cache_dir`), under a key of
 
-- the graph before rewriting, pickled in PyTensor's structural form (``FrozenFunctionGraph``:
-  the function's inputs by position and type -- shared variables too, so a data set's values
-  are never part of it), each op by its class and ``__props__`` and a scan by what
-  ``Scan.__eq__`` compares (``_StructurePickler``), constants by type, data and name;
+- a description of the graph before rewriting (``_describe_graph``): the function's
+  inputs by position and type -- shared variables too, so a data set's values are never part
+  of it -- and its nodes in topological order, each op by its class and ``__props__``, a scan
+  by what ``Scan.__eq__`` compares, constants by type, data and name (``_describe``);
 - what decides the rewrites: the mode's rewrite query and linker, every rewrite registered
   in PyTensor's database, PyTensor's configuration (its C-key options and the rewriting
   flags), and the versions of PyTensor, PyMC, NumPy and numba and this package's source.
