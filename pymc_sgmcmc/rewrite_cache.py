@@ -182,6 +182,10 @@ def _describe(obj):
     if obj is None or isinstance(obj, bool | int | float | complex | str | bytes):
         return obj
     if isinstance(obj, np.ndarray | np.generic):
+        if obj.dtype.hasobject:  # its bytes are the elements' addresses
+            if obj.dtype != object:
+                raise _Unkeyable(f"structured dtype {obj.dtype} holding objects")
+            return ("objects", np.shape(obj), *map(_describe, np.ravel(obj)))
         digest = hashlib.sha256(np.ascontiguousarray(obj)).digest()
         return ("array", obj.dtype.str, np.shape(obj), digest)
     if isinstance(obj, np.dtype):

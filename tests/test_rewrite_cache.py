@@ -11,6 +11,11 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
+import pytensor.tensor as pt
+
+from pymc_sgmcmc.rewrite_cache import _describe, _graph_key, caching_rewrites
+
 _COUNT_REWRITES = """
 import json, sys
 import numpy as np, pytensor, pytensor.tensor as pt
@@ -134,3 +139,22 @@ def test_a_samplers_graphs_are_found_again_by_a_process_that_compiled_nothing_be
     assert again["rewritten"] == 0
     assert again["files"] == first["files"]
     assert again["draws"] == first["draws"]
+
+
+def _object_array(last: int) -> np.ndarray:
+    values = np.empty(2, dtype=object)
+    values[:] = [[1, last], "x"]  # a new list each time, at a new address
+    return values
+
+
+def test_keys_follow_values_not_objects():
+    def graph(last: float):
+        x = pt.vector("x", shape=(3,))
+        return [x], [pt.exp(x) * pt.constant(np.array([1.0, 2.0, last]))]
+
+    mode = caching_rewrites("NUMBA")
+    assert _graph_key(*graph(3.0), mode) == _graph_key(*graph(3.0), mode)  # built apart
+    assert _graph_key(*graph(3.0), mode) != _graph_key(*graph(4.0), mode)
+    # An object array's bytes are its elements' addresses: it is described by its elements.
+    described = [repr(_describe(_object_array(last))) for last in (2, 2, 3)]
+    assert described[0] == described[1] != described[2]
