@@ -78,7 +78,7 @@ print(json.dumps({
 )
 
 
-def _run(compiledir, scale: float, script: str = _RUN) -> dict:
+def _run(compiledir, script: str, *args: str) -> dict:
     flags = ",".join(
         f for f in [os.environ.get("PYTENSOR_FLAGS", ""), f"base_compiledir={compiledir}"] if f
     )
@@ -88,11 +88,11 @@ def _run(compiledir, scale: float, script: str = _RUN) -> dict:
         "NUMBA_CACHE_DIR": str(compiledir / "nb"),
         # tests/models.py for the sampler's run
         "PYTHONPATH": os.pathsep.join(
-            [str(Path(__file__).parent), os.environ.get("PYTHONPATH", "")]
+            p for p in [str(Path(__file__).parent), os.environ.get("PYTHONPATH")] if p
         ),
     }
     out = subprocess.run(
-        [sys.executable, "-c", script, str(scale)],
+        [sys.executable, "-c", script, *args],
         env=env,
         capture_output=True,
         text=True,
@@ -104,7 +104,7 @@ def _run(compiledir, scale: float, script: str = _RUN) -> dict:
 def test_a_graph_compiled_again_in_another_process_is_not_rewritten_again(tmp_path):
     # Compiled (numba) and PyTensor's Python mode (the helpers run once per chain).
     modes = ["NUMBA", "FAST_COMPILE"]
-    first = _run(tmp_path, 1.0)
+    first = _run(tmp_path, _RUN, "1.0")
     assert [first[m]["rewritten"] for m in modes] == [1, 1]
     assert len(first["files"]) == 2
     # The 1.6 MB data set is an input, not part of the stored graphs.
@@ -114,7 +114,7 @@ def test_a_graph_compiled_again_in_another_process_is_not_rewritten_again(tmp_pa
     # DestroyHandler); otherwise the values below would differ.
     assert first["NUMBA"]["in_place"]
 
-    again = _run(tmp_path, 1.0)
+    again = _run(tmp_path, _RUN, "1.0")
     assert again["files"] == first["files"]
     for mode in modes:
         assert again[mode]["rewritten"] == 0
@@ -122,7 +122,7 @@ def test_a_graph_compiled_again_in_another_process_is_not_rewritten_again(tmp_pa
         assert again[mode]["in_place"] == first[mode]["in_place"]
 
     # A changed constant is another graph: rewritten and stored under a key of its own.
-    changed = _run(tmp_path, 2.0)
+    changed = _run(tmp_path, _RUN, "2.0")
     assert [changed[m]["rewritten"] for m in modes] == [1, 1]
     assert len(changed["files"]) == 4
     assert all(changed[m]["values"] != first[m]["values"] for m in modes)
@@ -133,9 +133,9 @@ def test_a_samplers_graphs_are_found_again_by_a_process_that_compiled_nothing_be
     # one first thing: PyTensor interns graph nodes process-wide, so the two build their
     # graphs from differently shared objects, which must not change a key (a key that did
     # missed 1 of these 7 graphs, and 311 of 690 in the test suite).
-    first = _run(tmp_path, 0.0, _SAMPLE)
+    first = _run(tmp_path, _SAMPLE)
     assert first["rewritten"] == len(first["files"]) > 3
-    again = _run(tmp_path, 0.0, _SAMPLE)
+    again = _run(tmp_path, _SAMPLE)
     assert again["rewritten"] == 0
     assert again["files"] == first["files"]
     assert again["draws"] == first["draws"]
