@@ -50,7 +50,7 @@ from pymc.pytensorf import compile as compile_pymc
 from pytensor.compile import optdb
 from pytensor.compile.maker import FunctionMaker
 from pytensor.compile.mode import Mode, get_mode
-from pytensor.graph.basic import Constant, NominalVariable, Variable
+from pytensor.graph.basic import Constant, Variable
 from pytensor.graph.fg import FrozenFunctionGraph, FunctionGraph
 from pytensor.graph.rewriting.db import RewriteDatabase, RewriteDatabaseQuery
 from pytensor.graph.traversal import io_toposort
@@ -199,7 +199,7 @@ def _describe(obj):
         return ("set", *sorted(map(_describe, obj), key=repr))
     if isinstance(obj, slice):
         return ("slice", _describe(obj.start), _describe(obj.stop), _describe(obj.step))
-    if isinstance(obj, Constant) and not isinstance(obj, NominalVariable):
+    if isinstance(obj, Constant):
         return ("constant", _describe(obj.type), _describe(obj.data), obj.name)
     if isinstance(obj, FunctionGraph | FrozenFunctionGraph):
         return _describe_graph(obj.inputs, obj.outputs)
