@@ -206,18 +206,36 @@ _UNTRACED_STATE = re.compile(r"^(\s*)(outer_in_\d+_untraced_sit_sot_storage) = (
 #: The storage epilogue after the loop of PyTensor's numba ``scan``: from the first ``if``
 #: after the loop's last statement to the ``return``.
 _EPILOGUE = re.compile(r"(\n        i \+= 1\n)\n    if .*?\n(    return )", re.S)
+#: A step's output stored into its trace (``..._storage[i % n] = inner_out_k``).
+_TRACE_STORE = re.compile(r"^(\s*\w+_storage\[[^\n]*\] = )inner_out_(\d+)$", re.M)
 #: Salts the scan's cache key: its source now differs from the one PyTensor keys it by, and
-#: its step is inlined (3; retires the blocks cached with the step as a function of its own).
-_SCAN_SOURCE_VERSION = "inlined-3"
+#: its step is inlined (3; retires the blocks cached with the step as a function of its own;
+#: 4: scalar outputs read with ``[()]``).
+_SCAN_SOURCE_VERSION = "inlined-4"
 #: The name of the scan of a sampler's block (:mod:`pymc_sgmcmc.base`).
 BLOCK_SCAN_NAME = "sgmcmc_block"
 
 
-def _scan_source(src: str, drop_epilogue: bool) -> str:
+def _scan_source(src: str, drop_epilogue: bool, scalar_outputs: frozenset[int]) -> str:
     """The source of PyTensor's numba ``scan`` with every untraced state passed through
-    :func:`stable_state` and, if ``drop_epilogue``, without the storage epilogue after the
-    loop (module docstring; :func:`_traces_fill_their_storage` says when that is exact)."""
+    :func:`stable_state`, each 0-d output of the step (``scalar_outputs``, by position) read
+    as ``x[()]`` where it is stored into its trace, and, if ``drop_epilogue``, without the
+    storage epilogue after the loop (module docstring; :func:`_traces_fill_their_storage`
+    says when that is exact).
+
+    Stored as it is, a 0-d array is cast to the trace's element type by numba's
+    ``array0d_to_scalar``, which compiles ``a.take(0)`` twice per trace: 4 compilations in
+    SGLD's block on P1 (its sanity flag and log-density traces), more for a sampler with
+    scalar stats. ``x[()]`` reads the element directly: SGLD's cold first draw on P1 took
+    0.3-2.5 s less (1.4 s on average; three runs of about 17 s, each started together with
+    the old code's on a slow host, 2026-12-03)."""
     src = _UNTRACED_STATE.sub(r"\1\2 = stable_state(\3)", src)
+
+    def read_scalar(store: re.Match) -> str:
+        k = int(store.group(2))
+        return f"{store.group(1)}inner_out_{k}[()]" if k in scalar_outputs else store.group(0)
+
+    src = _TRACE_STORE.sub(read_scalar, src)
     return _EPILOGUE.sub(r"\1\n\2", src, count=1) if drop_epilogue else src
 
 
@@ -239,7 +257,9 @@ _compile_numba_function_src = numba_scan.compile_numba_function_src
 
 
 @contextmanager
-def _scan_source_rewrite(drop_epilogue: bool, step_arguments: int) -> Iterator[None]:
+def _scan_source_rewrite(
+    drop_epilogue: bool, step_arguments: int, scalar_outputs: frozenset[int]
+) -> Iterator[None]:
     """The scan funcified in this context gets :func:`_scan_source`'s source, and its step
     function (called with ``step_arguments`` arguments) is inlined. A scan in its inner graph
     (funcified first, in its own context) gets its own rewrite, not this one's on top: a
@@ -248,7 +268,7 @@ def _scan_source_rewrite(drop_epilogue: bool, step_arguments: int) -> Iterator[N
 
     def compile_rewritten(src, name, global_env, *args, **kwargs):
         if name == "scan":
-            src = _scan_source(src, drop_epilogue)
+            src = _scan_source(src, drop_epilogue, scalar_outputs)
             step = _inlined(global_env["scan_inner_func"], step_arguments)
             global_env = {**global_env, "stable_state": stable_state, "scan_inner_func": step}
         return _compile_numba_function_src(src, name, global_env, *args, **kwargs)
@@ -263,7 +283,8 @@ def _scan_source_rewrite(drop_epilogue: bool, step_arguments: int) -> Iterator[N
 def _funcify_scan(op, node, **kwargs) -> tuple[Callable, str | None]:
     drop_epilogue = op.name == BLOCK_SCAN_NAME and _traces_fill_their_storage(op, node)
     # PyTensor's scan calls its step with one argument per input of the inner graph.
-    with _scan_source_rewrite(drop_epilogue, len(op.fgraph.inputs)):
+    scalar_outputs = frozenset(k for k, v in enumerate(op.fgraph.outputs) if v.type.ndim == 0)
+    with _scan_source_rewrite(drop_epilogue, len(op.fgraph.inputs), scalar_outputs):
         fn, key = numba_dispatch.numba_funcify_and_cache_key(op, node=node, **kwargs)
     if key is not None:
         salt = f"{_SCAN_SOURCE_VERSION}|epilogue={not drop_epilogue}"

@@ -524,11 +524,23 @@ def test_the_block_loop_is_compiled_without_pytensors_storage_epilogue(monkeypat
     (src,) = sources
     n_traces = len(node.op.outer_nitsot(node.inputs))
     assert src.count("np.concatenate") == src.count("_nitsot_storage[:i + 0]") == n_traces
-    lean = nc._scan_source(src, drop_epilogue=True)
+    # The step's 0-d outputs (the sanity flag, the log-density, scalar stats) are read with
+    # [()] where they are stored: numba's cast of a 0-d array compiles a `take` per trace.
+    outputs = node.op.fgraph.outputs
+    scalars = frozenset(k for k, v in enumerate(outputs) if v.type.ndim == 0)
+    assert scalars and len(scalars) < len(outputs)
+    lean = nc._scan_source(src, drop_epilogue=True, scalar_outputs=scalars)
     assert lean.split("i += 1")[1].strip().startswith("return ")  # nothing between
     assert "np.concatenate" not in lean and "[:i + 0]" not in lean
     assert lean.count("stable_state(") == src.count("_untraced_sit_sot_storage = ")
-    assert nc._scan_source(src, drop_epilogue=False).count("np.concatenate") == n_traces
+    for k in range(len(outputs)):
+        if f"] = inner_out_{k}\n" in src:  # stored into its trace
+            read = f"] = inner_out_{k}[()]\n" if k in scalars else f"] = inner_out_{k}\n"
+            assert read in lean, k
+    # Every trace but the draws' holds a scalar.
+    assert sum(f"] = inner_out_{k}[()]\n" in lean for k in scalars) == n_traces - 1
+    kept = nc._scan_source(src, drop_epilogue=False, scalar_outputs=scalars)
+    assert kept.count("np.concatenate") == n_traces
 
 
 def test_loops_nested_in_the_block_keep_their_epilogue(monkeypatch):
@@ -541,7 +553,9 @@ def test_loops_nested_in_the_block_keep_their_epilogue(monkeypatch):
     drops = []
     rewrite = nc._scan_source
     monkeypatch.setattr(
-        nc, "_scan_source", lambda src, drop: drops.append(drop) or rewrite(src, drop)
+        nc,
+        "_scan_source",
+        lambda src, drop, scalars: drops.append(drop) or rewrite(src, drop, scalars),
     )
     with small_problem().model():
         step = MCCAdL(step_size=1e-3, thin=2, block_steps=10, covariance="full")
