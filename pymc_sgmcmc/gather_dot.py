@@ -24,6 +24,10 @@ A second rewrite, ``fuse_glm_products``, goes one step further where the gradien
 ``X[idx].T @ f(X[idx] @ w, ...)`` for an elementwise ``f`` and nothing else reads
 ``X[idx] @ w``: :class:`~pymc_sgmcmc.gather_dot.GatherGLMProduct` computes it in one pass
 over the rows (about 30 % of an SGLD step on the linear regression, 12 % on the logistic one).
+In the same pass, ``fuse_glm_sums`` puts :class:`~pymc_sgmcmc.gather_dot.GatherGLMSum` in
+place of the log-likelihood ``sum(f(X[idx] @ w, y[idx], ...))``, which the blocks compute
+at the stored draws: one kernel in place of a product, a copy and a reduction, which numba
+compiled for longer.
 """
 
 from __future__ import annotations
@@ -53,7 +57,7 @@ from pytensor.link.numba.linker import NumbaLinker
 from pytensor.scalar import get_scalar_type, upcast
 from pytensor.tensor.basic import as_tensor_variable
 from pytensor.tensor.elemwise import DimShuffle, Elemwise
-from pytensor.tensor.math import Dot
+from pytensor.tensor.math import Dot, Sum
 from pytensor.tensor.shape import SpecifyShape
 from pytensor.tensor.subtensor import AdvancedSubtensor
 
@@ -168,6 +172,65 @@ class GatherGLMProduct(Op):
         if not node.outputs[0].type.is_valid_value(out):
             raise ValueError("GatherGLMProduct: shapes do not match")
         outputs[0][0] = out
+
+
+class GatherGLMSum(Op):
+    """``sum(f(X[idx] @ b, a_1, ..., a_m))`` in one pass over the minibatch rows.
+
+    The minibatch log-likelihood of a likelihood that reads the data through one linear
+    predictor, as :class:`GatherGLMProduct` is its gradient: ``f`` (``scalar_op``) is the
+    fused elementwise log-density of a row, of the predictor ``z = X[idx] @ b`` (argument
+    ``z_position``) and further vectors ``a_k``, of shape (n,) or (1,), or read at the
+    minibatch's rows (``gathered[k]``: ``a_k`` is then a whole (N,) column such as the
+    observed values, read at ``a_k[idx[i]]`` where the graph copied ``a_k[idx]``). The sum is
+    accumulated in ``acc_dtype`` and returned as a ``dtype`` scalar, as PyTensor's ``Sum``.
+
+    SGLD's block computes the log-density at the steps whose draws the host reads, in a
+    lazy branch of its own. There the one kernel, in place of the product, the copy of the
+    observed values and the reduction, took 1.4 s on average off SGLD's cold first draw on
+    the D = 100 regression (-0.3 to 2.9 s, three runs of about 16 s started together with
+    the old code's on a slow host, 2026-12-03; ``docs/performance.md``), with the same value
+    to the last bit.
+    """
+
+    __props__ = ("scalar_op", "z_position", "gathered", "acc_dtype", "dtype")
+
+    def __init__(self, scalar_op, z_position: int, gathered, acc_dtype: str, dtype: str):
+        self.scalar_op = scalar_op
+        self.z_position = z_position
+        self.gathered = tuple(bool(g) for g in gathered)
+        self.acc_dtype = acc_dtype
+        self.dtype = dtype
+
+    def make_node(self, x, idx, b, *columns):
+        x, idx, b, *columns = map(as_tensor_variable, (x, idx, b, *columns))
+        if len(columns) != len(self.gathered) or any(c.type.ndim != 1 for c in columns):
+            raise TypeError("GatherGLMSum: one vector per argument of f besides z")
+        return Apply(self, [x, idx, b, *columns], [pt.tensor(dtype=self.dtype, shape=())])
+
+    def _values(self, z: np.ndarray, columns: list[np.ndarray]) -> np.ndarray:
+        args = list(columns)
+        args.insert(self.z_position, z)
+        scalar_types = [get_scalar_type(a.dtype) for a in args]
+        (out_type,) = self.scalar_op.output_types(scalar_types)
+        f = np.frompyfunc(self.scalar_op.impl, len(args), 1)
+        return np.asarray(f(*args), dtype=out_type.dtype)
+
+    def perform(self, node, inputs, outputs):
+        x, idx, b, *columns = inputs
+        n = len(idx)
+        if b.shape != (x.shape[1], 1):
+            raise ValueError("GatherGLMSum: shapes do not match")
+        read = []
+        for column, var, gathered in zip(columns, node.inputs[3:], self.gathered, strict=True):
+            if gathered:
+                column = column[idx]
+            elif column.shape[0] != (1 if var.type.broadcastable[0] else n):
+                raise ValueError("GatherGLMSum: shapes do not match")
+            read.append(column)
+        values = self._values(x[idx] @ b[:, 0], read)
+        total = values.sum(dtype=self.acc_dtype)
+        outputs[0][0] = np.asarray(total, dtype=self.dtype)
 
 
 # ---------------------------------------------------------------------- numba kernels
@@ -492,6 +555,89 @@ def _numba_gather_glm(op, node, **kwargs):
     return numba_njit(kernel, fastmath=True), key
 
 
+#: The kernel of :class:`GatherGLMSum`, as source (``{args}`` filled in per op): the predictor
+#: of each row, then the sum of ``f``. Two loops, one row at a time: evaluating ``f`` in the
+#: first made a logistic regression's log-likelihood (a ``softplus`` per row) 20 % slower than
+#: the separate product and sum (N = 50,000, D = 50, n = 500); apart they took as long, and
+#: the plain loops compile sooner than the four-row loops of the force's kernel. It runs only
+#: at the steps whose log-density is read.
+_GLM_SUM_KERNEL = """
+def gather_glm_sum(x, idx, b, {columns}):
+    n, d, n_rows = idx.shape[0], x.shape[1], x.shape[0]
+    if b.shape[0] != d or b.shape[1] != 1:
+        raise ValueError("GatherGLMSum: shapes do not match")
+    d = _opaque(d)  # the loop's length unknown to the optimiser (see _opaque)
+{checks}
+    first = b.shape[1] - 1  # a run-time index, as in gather_glm
+    v = _column(b, first)
+    z = np.empty(n, dtype=v.dtype)
+    for k in range(min(PREFETCH_ROWS, n)):
+        _prefetch_row(x, idx[k])
+    for i in range(n):
+        if i + PREFETCH_ROWS < n:
+            _prefetch_row(x, idx[i + PREFETCH_ROWS])
+        row = _row(idx[i], n_rows)
+        s = _zero(v)
+        for j in range(d):
+            s += x[row, j] * v[j]
+        z[i] = s
+    total = acc(0)
+    for i in range(n):
+        total += acc(f({args}))
+    return np.asarray(cast(total))
+"""
+
+
+def _glm_sum_kernel_source(op: GatherGLMSum, broadcast: list[bool]) -> str:
+    columns = [f"a{k}" for k in range(len(op.gathered))]
+    values = []
+    checks = []
+    for a, gathered, bc in zip(columns, op.gathered, broadcast, strict=True):
+        if gathered:  # the observed values of the row (``_row`` checks the index)
+            values.append(f"{a}[_row(idx[i], {a}.shape[0])]")
+        else:
+            values.append(f"{a}[0]" if bc else f"{a}[i]")
+            checks.append(
+                f"    if {a}.shape[0] != {'1' if bc else 'n'}:\n"
+                '        raise ValueError("GatherGLMSum: shapes do not match")'
+            )
+    values.insert(op.z_position, "z[i]")
+    return _GLM_SUM_KERNEL.format(
+        columns=", ".join(columns), checks="\n".join(checks), args=", ".join(values)
+    )
+
+
+@register_funcify_and_cache_key(GatherGLMSum)
+def _numba_gather_glm_sum(op, node, **kwargs):
+    columns = node.inputs[3:]
+    dtypes = [c.type.dtype for c in columns]
+    dtypes.insert(op.z_position, node.inputs[0].type.dtype)
+    scalar_node = op.scalar_op.make_node(*(get_scalar_type(d)() for d in dtypes))
+    f, scalar_key = numba_funcify_and_cache_key(op.scalar_op, node=scalar_node, **kwargs)
+    broadcast = [bool(c.type.broadcastable[0]) for c in columns]
+    src = _glm_sum_kernel_source(op, broadcast)
+    key = None
+    if scalar_key is not None:
+        key = hashlib.sha256(
+            f"{_CACHE_SALT}|sum|{op.z_position}|{op.gathered}|{broadcast}|{op.acc_dtype}|"
+            f"{op.dtype}|{scalar_key}".encode()
+        ).hexdigest()
+    env = {
+        "np": np,
+        "f": f,
+        "acc": np.dtype(op.acc_dtype).type,
+        "cast": np.dtype(op.dtype).type,
+        "PREFETCH_ROWS": PREFETCH_ROWS,
+        "_prefetch_row": _prefetch_row,
+        "_row": _row,
+        "_column": _column,
+        "_zero": _zero,
+        "_opaque": _opaque,
+    }
+    kernel = compile_numba_function_src(src, "gather_glm_sum", env, cache_key=key)
+    return numba_njit(kernel, fastmath=True), key
+
+
 #: PyTensor caches a compiled op under its class name and props: salting that key with the
 #: kernels' source makes an edited kernel recompile instead of loading the cached one.
 _CACHE_SALT = int(
@@ -513,9 +659,12 @@ _CACHE_SALT = int(
                 _numba_gather_tdot,
                 _glm_kernel_source,
                 _numba_gather_glm,
+                _glm_sum_kernel_source,
+                _numba_gather_glm_sum,
             )
         ).encode()
         + _GLM_KERNEL.encode()
+        + _GLM_SUM_KERNEL.encode()
     ).hexdigest()[:12],
     16,
 )
@@ -615,12 +764,81 @@ def fuse_glm_products(fgraph, node):
     return [new] if new.type == node.outputs[0].type else None
 
 
+def _squeezed_gather_dot(var):
+    """The ``GatherDot`` node whose one column ``var`` is (``z[:, 0]`` of ``z = X[idx] @ b``)."""
+    node = var.owner
+    if node is None or not isinstance(node.op, DimShuffle) or node.op.new_order != (0,):
+        return None
+    product = node.inputs[0].owner
+    if product is None or not isinstance(product.op, GatherDot):
+        return None
+    return product
+
+
+def _rows_of(var, idx):
+    """``v`` if ``var`` is ``v[idx]`` for a vector ``v``, else None."""
+    node = var.owner
+    if node is None or not isinstance(node.op, AdvancedSubtensor) or node.op.idx_list != (0,):
+        return None
+    v, var_idx = node.inputs
+    return v if v.type.ndim == 1 and var_idx is idx else None
+
+
+@node_rewriter([Sum])
+def fuse_glm_sums(fgraph, node):
+    """``Sum(f(GatherDot(X, idx, b)[:, 0], a...))`` -> ``GatherGLMSum`` for an elementwise
+    ``f`` (one ``Elemwise``, fused by then) of vectors, when nothing else reads the predictor
+    or the values summed: a GLM's minibatch log-likelihood. Vectors ``v[idx]`` (the observed
+    values of the rows) are read in place."""
+    (values,) = node.inputs
+    elemwise = values.owner
+    if (
+        values.type.ndim != 1
+        or elemwise is None
+        or not isinstance(elemwise.op, Elemwise)
+        or len(elemwise.outputs) != 1
+        or len(fgraph.clients[values]) != 1
+        or node.op.axis not in (None, (0,))
+        or values.type.dtype not in ("float32", "float64")
+    ):
+        return None
+    positions = [
+        k for k, var in enumerate(elemwise.inputs) if _squeezed_gather_dot(var) is not None
+    ]
+    if len(positions) != 1:
+        return None
+    (z_position,) = positions
+    z = elemwise.inputs[z_position]
+    product = _squeezed_gather_dot(z)
+    x, idx, b = product.inputs
+    if (
+        len(fgraph.clients[z]) != 1
+        or len(fgraph.clients[product.outputs[0]]) != 1
+        or x.type.dtype != z.type.dtype
+    ):
+        return None
+    columns, gathered = [], []
+    for k, var in enumerate(elemwise.inputs):
+        if k == z_position:
+            continue
+        if var.type.ndim != 1:
+            return None
+        rows = _rows_of(var, idx)
+        columns.append(var if rows is None else rows)
+        gathered.append(rows is not None)
+    op = GatherGLMSum(
+        elemwise.op.scalar_op, z_position, gathered, node.op.acc_dtype, node.outputs[0].type.dtype
+    )
+    new = op(x, idx, b, *columns)
+    return [new] if new.type == node.outputs[0].type else None
+
+
 # After specialisation (the products are in their final Dot form), before elemwise fusion (49).
 optdb.register(
     "fuse_gather_dots", in2out(fuse_gather_dots, absorb_specified_shape), TAG, position=48.5
 )
 # After elemwise fusion (49; ``f`` is then one Elemwise), before the in-place rewrites (49.5).
-optdb.register("fuse_glm_products", in2out(fuse_glm_products), TAG, position=49.25)
+optdb.register("fuse_glm_products", in2out(fuse_glm_products, fuse_glm_sums), TAG, position=49.25)
 
 
 def including_for_linker(mode, linker: type, tag: str) -> Mode | str | None:

@@ -1,9 +1,10 @@
 """The fused minibatch products compute exactly what the gather and the product compute.
 
-``GatherDot(X, idx, B)`` is ``X[idx] @ B``, ``GatherTDot(X, idx, R)`` is ``X[idx].T @ R``
-and ``GatherGLMProduct`` is ``X[idx].T @ f(X[idx] @ b, ...)`` (NumPy's indexing rules
-included), the rewrites put them only where that identity holds, and a sampler's chain is the
-same with and without them (up to the order of a floating-point sum).
+``GatherDot(X, idx, B)`` is ``X[idx] @ B``, ``GatherTDot(X, idx, R)`` is ``X[idx].T @ R``,
+``GatherGLMProduct`` is ``X[idx].T @ f(X[idx] @ b, ...)`` and ``GatherGLMSum`` is
+``sum(f(X[idx] @ b, ...))`` (NumPy's indexing rules included), the rewrites put them only
+where that identity holds, and a sampler's chain is the same with and without them (up to the
+order of a floating-point sum).
 """
 
 from __future__ import annotations
@@ -18,10 +19,16 @@ from models import GaussianRegression
 
 import pymc_sgmcmc.base as base
 from pymc_sgmcmc import SGLD
-from pymc_sgmcmc.gather_dot import GatherDot, GatherGLMProduct, GatherTDot, with_gather_dot
+from pymc_sgmcmc.gather_dot import (
+    GatherDot,
+    GatherGLMProduct,
+    GatherGLMSum,
+    GatherTDot,
+    with_gather_dot,
+)
 
 NUMBA = with_gather_dot(pytensor.compile.mode.get_mode("NUMBA"))
-FUSED = GatherDot | GatherTDot | GatherGLMProduct
+FUSED = GatherDot | GatherTDot | GatherGLMProduct | GatherGLMSum
 
 
 def fused_ops(fn) -> set[str]:
@@ -122,8 +129,8 @@ def test_sampler_chain_is_the_same_with_and_without_the_fused_products(monkeypat
         return one_chain(problem, lambda: SGLD(step_size=1e-4, thin=5), draws=300, seed=3)
 
     step, fused = draws()
-    # The force in one pass; the minibatch log-density (a lazy branch) reads X[idx] @ w.
-    assert fused_ops(step._block_function()[0]) == {"GatherDot", "GatherGLMProduct"}
+    # The force in one pass, and the minibatch log-density (a lazy branch) in another.
+    assert fused_ops(step._block_function()[0]) == {"GatherGLMProduct", "GatherGLMSum"}
     monkeypatch.setattr(base, "with_gather_dot", lambda mode: mode)
     step, plain = draws()
     assert fused_ops(step._block_function()[0]) == set()
@@ -166,6 +173,65 @@ def test_single_pass_product_equals_the_two_products(n, dtype):
         )
         assert "GatherGLMProduct" in fused_ops(python)
         np.testing.assert_allclose(python(*args), plain(*args), rtol=tol, atol=tol)
+
+
+def glm_log_likelihoods(idx, w):
+    """The minibatch log-likelihoods whose gradients :func:`glm_gradients` are: the linear
+    regression's noise scale is a broadcast argument of f, the logistic regression's
+    ``y[idx]`` an argument read at the minibatch's rows."""
+    rng = np.random.default_rng(1)
+    dtype = w.type.dtype
+    data = pytensor.shared(rng.standard_normal((40, 6)).astype(dtype))
+    y = pytensor.shared((rng.random(40) < 0.5).astype(dtype))
+    sigma = pytensor.shared(np.array(0.7, dtype=dtype))
+    z = data[idx] @ w
+    linear = -0.5 * pt.sum(((y[idx] - z) / sigma) ** 2)
+    logistic = pt.sum(y[idx] * z - pt.softplus(z))
+    return [linear, logistic]
+
+
+@pytest.mark.parametrize("dtype", ["float64", "float32"])
+@pytest.mark.parametrize("n", [10, 31, 3])
+def test_single_pass_sum_equals_the_product_then_the_sum(n, dtype):
+    idx = pt.vector("idx", dtype="int64", shape=(n,))
+    w = pt.vector("w", shape=(6,), dtype=dtype)
+    args = (np.random.default_rng(2).integers(-40, 40, size=n), np.linspace(-1, 1, 6, dtype=dtype))
+    tol = 1e-12 if dtype == "float64" else 1e-5
+    for logp in glm_log_likelihoods(idx, w):
+        fused = pytensor.function([idx, w], logp, mode=NUMBA)
+        assert fused_ops(fused) == {"GatherGLMSum"}  # no product, no copy of y[idx]
+        plain = pytensor.function([idx, w], logp, mode="NUMBA")
+        assert fused(*args).dtype == plain(*args).dtype == dtype
+        np.testing.assert_allclose(fused(*args), plain(*args), rtol=tol, atol=tol)
+        python = pytensor.function(
+            [idx, w], logp, mode=NUMBA.clone(linker="py", optimizer=NUMBA.optimizer)
+        )
+        assert fused_ops(python) == {"GatherGLMSum"}
+        np.testing.assert_allclose(python(*args), plain(*args), rtol=tol, atol=tol)
+
+
+@pytest.mark.parametrize("mode", ["NUMBA", "FAST_COMPILE"])
+def test_single_pass_sum_checks_shapes_and_rows(mode):
+    x, i, b = pt.matrix(), pt.vector(dtype="int64"), pt.matrix()
+    column, scalar, gathered = pt.vector(), pt.vector(shape=(1,)), pt.vector()
+    sa, sz, sc, sy = (ps.float64(name) for name in "azcy")
+    f = ps.Composite([sa, sz, sc, sy], [sa - sz + sc * sy])  # f(a, z, c, y) = a - z + c y
+    op = GatherGLMSum(f, 1, (False, False, True), "float64", "float64")
+    fn = pytensor.function(
+        [x, i, b, column, scalar, gathered], op(x, i, b, column, scalar, gathered), mode=mode
+    )
+    X, idx, B = np.arange(15.0).reshape(5, 3), np.array([0, 4, -1]), np.ones((3, 1))
+    a, c, y = np.array([2.0, 1.0, 5.0]), np.array([3.0]), np.arange(5.0) ** 2
+    z = X[idx] @ B[:, 0]
+    np.testing.assert_allclose(fn(X, idx, B, a, c, y), np.sum(a - z + c * y[idx]))
+    with pytest.raises(ValueError):
+        fn(X, idx, B, np.ones(2), c, y)  # a vector that does not fit the minibatch
+    with pytest.raises(ValueError):
+        fn(X, idx, np.ones((4, 1)), a, c, y)  # b does not fit X's columns
+    with pytest.raises(IndexError):
+        fn(X, np.array([0, 5, 1]), B, a, c, y)  # a row of X that is not there
+    with pytest.raises(IndexError):
+        fn(X, idx, B, a, c, y[:4])  # an observed value that is not there
 
 
 def test_single_pass_only_where_nothing_else_reads_the_predictor():
