@@ -522,33 +522,35 @@ def _glm_kernel_source(op: GatherGLMProduct, broadcast: list[bool]) -> str:
     return _GLM_KERNEL.format(columns=names, **body)
 
 
-@register_funcify_and_cache_key(GatherGLMProduct)
-def _numba_gather_glm(op, node, **kwargs):
+def _row_function(op, node, z_dtype, **kwargs):
+    """The numba function of a GLM op's scalar op ``f`` (the predictor, of ``z_dtype``, at
+    ``op.z_position``; the op's further inputs elsewhere), its cache key, and which of those
+    inputs broadcast."""
     columns = node.inputs[3:]
     dtypes = [c.type.dtype for c in columns]
-    dtypes.insert(op.z_position, node.outputs[0].type.dtype)
+    dtypes.insert(op.z_position, z_dtype)
     scalar_node = op.scalar_op.make_node(*(get_scalar_type(d)() for d in dtypes))
-    f, scalar_key = numba_funcify_and_cache_key(op.scalar_op, node=scalar_node, **kwargs)
-    broadcast = [bool(c.type.broadcastable[0]) for c in columns]
+    f, key = numba_funcify_and_cache_key(op.scalar_op, node=scalar_node, **kwargs)
+    return f, key, [bool(c.type.broadcastable[0]) for c in columns]
+
+
+def _kernel_env(**names) -> dict:
+    """The globals of a GLM kernel's source: the shared helpers and ``names``."""
+    helpers = (_prefetch_row, _row, _column, _set_column, _zero, _opaque)
+    return {"np": np, "PREFETCH_ROWS": PREFETCH_ROWS, **{h.__name__: h for h in helpers}, **names}
+
+
+@register_funcify_and_cache_key(GatherGLMProduct)
+def _numba_gather_glm(op, node, **kwargs):
+    f, scalar_key, broadcast = _row_function(op, node, node.outputs[0].type.dtype, **kwargs)
     src = _glm_kernel_source(op, broadcast)
     key = None
     if scalar_key is not None:
         key = hashlib.sha256(
             f"{_CACHE_SALT}|{op.z_position}|{op.out_shape}|{broadcast}|{scalar_key}".encode()
         ).hexdigest()
-    env = {
-        "np": np,
-        "f": f,
-        "dtype": np.dtype(node.outputs[0].dtype),
-        "rows": _static(op.out_shape)[0],
-        "PREFETCH_ROWS": PREFETCH_ROWS,
-        "_prefetch_row": _prefetch_row,
-        "_row": _row,
-        "_column": _column,
-        "_set_column": _set_column,
-        "_zero": _zero,
-        "_opaque": _opaque,
-    }
+    dtype, rows = np.dtype(node.outputs[0].dtype), _static(op.out_shape)[0]
+    env = _kernel_env(f=f, dtype=dtype, rows=rows)
     kernel = compile_numba_function_src(src, "gather_glm", env, cache_key=key)
     # numba's full fast math, as the other kernels: its dot products are vectorised by
     # reordering their sums, in this function's own optimisation (``numba_compile``).
@@ -609,12 +611,7 @@ def _glm_sum_kernel_source(op: GatherGLMSum, broadcast: list[bool]) -> str:
 
 @register_funcify_and_cache_key(GatherGLMSum)
 def _numba_gather_glm_sum(op, node, **kwargs):
-    columns = node.inputs[3:]
-    dtypes = [c.type.dtype for c in columns]
-    dtypes.insert(op.z_position, node.inputs[0].type.dtype)
-    scalar_node = op.scalar_op.make_node(*(get_scalar_type(d)() for d in dtypes))
-    f, scalar_key = numba_funcify_and_cache_key(op.scalar_op, node=scalar_node, **kwargs)
-    broadcast = [bool(c.type.broadcastable[0]) for c in columns]
+    f, scalar_key, broadcast = _row_function(op, node, node.inputs[0].type.dtype, **kwargs)
     src = _glm_sum_kernel_source(op, broadcast)
     key = None
     if scalar_key is not None:
@@ -622,19 +619,10 @@ def _numba_gather_glm_sum(op, node, **kwargs):
             f"{_CACHE_SALT}|sum|{op.z_position}|{op.gathered}|{broadcast}|{op.acc_dtype}|"
             f"{op.dtype}|{scalar_key}".encode()
         ).hexdigest()
-    env = {
-        "np": np,
-        "f": f,
-        "acc": np.dtype(op.acc_dtype).type,
-        "cast": np.dtype(op.dtype).type,
-        "PREFETCH_ROWS": PREFETCH_ROWS,
-        "_prefetch_row": _prefetch_row,
-        "_row": _row,
-        "_column": _column,
-        "_zero": _zero,
-        "_opaque": _opaque,
-    }
-    kernel = compile_numba_function_src(src, "gather_glm_sum", env, cache_key=key)
+    acc, cast = np.dtype(op.acc_dtype).type, np.dtype(op.dtype).type
+    kernel = compile_numba_function_src(
+        src, "gather_glm_sum", _kernel_env(f=f, acc=acc, cast=cast), cache_key=key
+    )
     return numba_njit(kernel, fastmath=True), key
 
 
@@ -658,6 +646,8 @@ _CACHE_SALT = int(
                 _numba_gather_dot,
                 _numba_gather_tdot,
                 _glm_kernel_source,
+                _row_function,
+                _kernel_env,
                 _numba_gather_glm,
                 _glm_sum_kernel_source,
                 _numba_gather_glm_sum,

@@ -139,10 +139,11 @@ def test_sampler_chain_is_the_same_with_and_without_the_fused_products(monkeypat
     np.testing.assert_allclose(fused, plain, rtol=0, atol=1e-9 if dtype == "float64" else 1e-4)
 
 
-def glm_gradients(idx, w):
-    """Gradients of minibatch log-likelihoods that read the data through X[idx] @ w: a
-    linear regression with a noise scale that stays an input (a (1, 1) column of f) and a
-    logistic regression (f: a fused Composite of y[idx] and z); data of ``w``'s type."""
+def glm_log_likelihoods(idx, w):
+    """Minibatch log-likelihoods that read the data through X[idx] @ w, with data of ``w``'s
+    type: a linear regression whose noise scale stays an input (a broadcast argument of f)
+    and a logistic regression (f reads ``y[idx]``, an argument taken at the minibatch's
+    rows)."""
     rng = np.random.default_rng(1)
     dtype = w.type.dtype
     data = pytensor.shared(rng.standard_normal((40, 6)).astype(dtype))
@@ -151,7 +152,14 @@ def glm_gradients(idx, w):
     z = data[idx] @ w
     linear = -0.5 * pt.sum(((y[idx] - z) / sigma) ** 2)
     logistic = pt.sum(y[idx] * z - pt.softplus(z))
-    return [pt.grad(linear, w), pt.grad(logistic, w)]
+    return [linear, logistic]
+
+
+def glm_gradients(idx, w):
+    """Gradients of minibatch log-likelihoods that read the data through X[idx] @ w
+    (:func:`glm_log_likelihoods`): for the linear regression f has a (1, 1) column (the noise
+    scale), for the logistic one f is a fused Composite of y[idx] and z."""
+    return [pt.grad(logp, w) for logp in glm_log_likelihoods(idx, w)]
 
 
 @pytest.mark.parametrize("dtype", ["float64", "float32"])
@@ -173,21 +181,6 @@ def test_single_pass_product_equals_the_two_products(n, dtype):
         )
         assert "GatherGLMProduct" in fused_ops(python)
         np.testing.assert_allclose(python(*args), plain(*args), rtol=tol, atol=tol)
-
-
-def glm_log_likelihoods(idx, w):
-    """The minibatch log-likelihoods whose gradients :func:`glm_gradients` are: the linear
-    regression's noise scale is a broadcast argument of f, the logistic regression's
-    ``y[idx]`` an argument read at the minibatch's rows."""
-    rng = np.random.default_rng(1)
-    dtype = w.type.dtype
-    data = pytensor.shared(rng.standard_normal((40, 6)).astype(dtype))
-    y = pytensor.shared((rng.random(40) < 0.5).astype(dtype))
-    sigma = pytensor.shared(np.array(0.7, dtype=dtype))
-    z = data[idx] @ w
-    linear = -0.5 * pt.sum(((y[idx] - z) / sigma) ** 2)
-    logistic = pt.sum(y[idx] * z - pt.softplus(z))
-    return [linear, logistic]
 
 
 @pytest.mark.parametrize("dtype", ["float64", "float32"])
