@@ -522,39 +522,45 @@ def _glm_kernel_source(op: GatherGLMProduct, broadcast: list[bool]) -> str:
     return _GLM_KERNEL.format(columns=names, **body)
 
 
-def _row_function(op, node, z_dtype, **kwargs):
-    """The numba function of a GLM op's scalar op ``f`` (the predictor, of ``z_dtype``, at
-    ``op.z_position``; the op's further inputs elsewhere), its cache key, and which of those
-    inputs broadcast."""
+def _compiled_glm_kernel(op, node, name, z_dtype, source, key_parts, kwargs, **names):
+    """A GLM op's kernel: ``source(op, broadcast)`` compiled with the numba function ``f`` of
+    the op's scalar op (the predictor, of ``z_dtype``, at ``op.z_position``; the op's further
+    inputs elsewhere, ``broadcast`` saying which of them broadcast), the shared helpers and
+    ``names`` as its globals; cached under ``key_parts`` and ``f``'s key (not cached when
+    ``f`` has none)."""
     columns = node.inputs[3:]
     dtypes = [c.type.dtype for c in columns]
     dtypes.insert(op.z_position, z_dtype)
     scalar_node = op.scalar_op.make_node(*(get_scalar_type(d)() for d in dtypes))
-    f, key = numba_funcify_and_cache_key(op.scalar_op, node=scalar_node, **kwargs)
-    return f, key, [bool(c.type.broadcastable[0]) for c in columns]
-
-
-def _kernel_env(**names) -> dict:
-    """The globals of a GLM kernel's source: the shared helpers and ``names``."""
+    f, scalar_key = numba_funcify_and_cache_key(op.scalar_op, node=scalar_node, **kwargs)
+    broadcast = [bool(c.type.broadcastable[0]) for c in columns]
+    key = None
+    if scalar_key is not None:
+        parts = "|".join(map(str, (_CACHE_SALT, *key_parts, broadcast, scalar_key)))
+        key = hashlib.sha256(parts.encode()).hexdigest()
     helpers = (_prefetch_row, _row, _column, _set_column, _zero, _opaque)
-    return {"np": np, "PREFETCH_ROWS": PREFETCH_ROWS, **{h.__name__: h for h in helpers}, **names}
+    env = {"np": np, "PREFETCH_ROWS": PREFETCH_ROWS, "f": f, **names}
+    env |= {h.__name__: h for h in helpers}
+    kernel = compile_numba_function_src(source(op, broadcast), name, env, cache_key=key)
+    # numba's full fast math, as the other kernels: its dot products are vectorised by
+    # reordering their sums, in this function's own optimisation (``numba_compile``).
+    return numba_njit(kernel, fastmath=True), key
 
 
 @register_funcify_and_cache_key(GatherGLMProduct)
 def _numba_gather_glm(op, node, **kwargs):
-    f, scalar_key, broadcast = _row_function(op, node, node.outputs[0].type.dtype, **kwargs)
-    src = _glm_kernel_source(op, broadcast)
-    key = None
-    if scalar_key is not None:
-        key = hashlib.sha256(
-            f"{_CACHE_SALT}|{op.z_position}|{op.out_shape}|{broadcast}|{scalar_key}".encode()
-        ).hexdigest()
-    dtype, rows = np.dtype(node.outputs[0].dtype), _static(op.out_shape)[0]
-    env = _kernel_env(f=f, dtype=dtype, rows=rows)
-    kernel = compile_numba_function_src(src, "gather_glm", env, cache_key=key)
-    # numba's full fast math, as the other kernels: its dot products are vectorised by
-    # reordering their sums, in this function's own optimisation (``numba_compile``).
-    return numba_njit(kernel, fastmath=True), key
+    dtype = np.dtype(node.outputs[0].dtype)
+    return _compiled_glm_kernel(
+        op,
+        node,
+        "gather_glm",
+        dtype.name,
+        _glm_kernel_source,
+        (op.z_position, op.out_shape),
+        kwargs,
+        dtype=dtype,
+        rows=_static(op.out_shape)[0],
+    )
 
 
 #: The kernel of :class:`GatherGLMSum`, as source (``{args}`` filled in per op): the predictor
@@ -611,19 +617,17 @@ def _glm_sum_kernel_source(op: GatherGLMSum, broadcast: list[bool]) -> str:
 
 @register_funcify_and_cache_key(GatherGLMSum)
 def _numba_gather_glm_sum(op, node, **kwargs):
-    f, scalar_key, broadcast = _row_function(op, node, node.inputs[0].type.dtype, **kwargs)
-    src = _glm_sum_kernel_source(op, broadcast)
-    key = None
-    if scalar_key is not None:
-        key = hashlib.sha256(
-            f"{_CACHE_SALT}|sum|{op.z_position}|{op.gathered}|{broadcast}|{op.acc_dtype}|"
-            f"{op.dtype}|{scalar_key}".encode()
-        ).hexdigest()
-    acc, cast = np.dtype(op.acc_dtype).type, np.dtype(op.dtype).type
-    kernel = compile_numba_function_src(
-        src, "gather_glm_sum", _kernel_env(f=f, acc=acc, cast=cast), cache_key=key
+    return _compiled_glm_kernel(
+        op,
+        node,
+        "gather_glm_sum",
+        node.inputs[0].type.dtype,
+        _glm_sum_kernel_source,
+        ("sum", op.z_position, op.gathered, op.acc_dtype, op.dtype),
+        kwargs,
+        acc=np.dtype(op.acc_dtype).type,
+        cast=np.dtype(op.dtype).type,
     )
-    return numba_njit(kernel, fastmath=True), key
 
 
 #: PyTensor caches a compiled op under its class name and props: salting that key with the
@@ -646,8 +650,7 @@ _CACHE_SALT = int(
                 _numba_gather_dot,
                 _numba_gather_tdot,
                 _glm_kernel_source,
-                _row_function,
-                _kernel_env,
+                _compiled_glm_kernel,
                 _numba_gather_glm,
                 _glm_sum_kernel_source,
                 _numba_gather_glm_sum,
