@@ -449,11 +449,11 @@ def test_a_block_runs_on_one_openblas_thread_and_the_callers_setting_is_restored
         assert min(c.num_threads for c in openblas.lib_controllers) == 2
 
 
-def test_a_short_block_runs_one_padded_step_and_no_more(monkeypatch):
+def test_a_short_block_runs_no_padded_step(monkeypatch):
     # A block has one compiled length (block_length; here 8 steps); a shorter one (here the
-    # 3 draws asked for) is padded with inactive steps, and the compiled loop stops after the
-    # first of them. Minibatch indices out of range from the second padded step on would
-    # raise an IndexError in any step that ran; the draws are those of the unpoisoned run.
+    # 3 draws asked for) is padded, and the compiled loop stops after its last real step.
+    # Minibatch indices out of range in every padded step would raise an IndexError in any
+    # step that ran; the draws are those of the unpoisoned run.
     import pymc_sgmcmc.base as base
 
     def sample():
@@ -469,7 +469,7 @@ def test_a_short_block_runs_one_padded_step_and_no_more(monkeypatch):
         n_steps = len(flags[0])
         assert length == 8 and n_steps == 3
         for indices in out[:2]:  # the force's and the log-density's minibatch indices
-            indices[n_steps + 1 :] = 10**9
+            indices[n_steps:] = 10**9
         return out
 
     monkeypatch.setattr(base, "_padded", poisoned)
