@@ -66,6 +66,7 @@ from pymc_sgmcmc.blas_threads import one_blas_thread
 from pymc_sgmcmc.gather_dot import with_gather_dot
 from pymc_sgmcmc.gram_product import with_covariance_kernels
 from pymc_sgmcmc.jax_compile import DeviceData, for_jax, jax_has_float64
+from pymc_sgmcmc.kept_branches import with_kept_branches
 from pymc_sgmcmc.model_layer import (
     EXACT_CURVATURE_DIM,
     SHRINKAGE_TARGETS,
@@ -911,7 +912,9 @@ class SGMCMC(ArrayStepShared):
         # The host passes float64 arrays to a float32 model's functions (one cast per block).
         kwargs = {
             **kwargs,
-            "mode": for_jax(with_covariance_kernels(with_gather_dot(kwargs.get("mode")))),
+            "mode": for_jax(
+                with_kept_branches(with_covariance_kernels(with_gather_dot(kwargs.get("mode"))))
+            ),
             "allow_input_downcast": True,
         }
         # Fast math without reassociation: the same draws whether this process compiled the

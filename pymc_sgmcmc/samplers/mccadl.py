@@ -83,7 +83,9 @@ class MCCAdL(Thermostatted):
         1.43-1.48 SGLD steps per step against 2.4-2.6 for the paper's estimate
         (``benchmarks/covariance_results_cost_amd_epyc_2026-11-26.md``;
         1.56 against 2.59 on the Intel Xeon of
-        ``benchmarks/covariance_results_cost.md``), and gives the same variance ratio as the
+        ``benchmarks/covariance_results_cost.md``; 1.28-1.33 there since the steps keep the
+        D x D matrices without copying them, :mod:`pymc_sgmcmc.kept_branches`), and gives the
+        same variance ratio as the
         every-step average at h = 5e-3 (1.52 against 1.51).
     noise_minibatch : {"same", "independent"}, default "same"
         The rows :math:`\Sigma` is estimated from. "same" (the paper's eq. 15): the

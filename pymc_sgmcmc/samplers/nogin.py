@@ -109,7 +109,9 @@ class NOGIN(SGMCMC):
         ``thin`` there) it costs 1.31-1.34 SGLD steps per step against 2.9-3.0 for the paper's
         estimate by CG (``benchmarks/covariance_results_cost_amd_epyc_2026-11-26.md``;
         1.48 against 2.73 on the Intel Xeon of
-        ``benchmarks/covariance_results_cost.md``), and at h = 5e-3 gives a
+        ``benchmarks/covariance_results_cost.md``; 1.19-1.23 there since the steps keep the
+        D x D matrices without copying them, :mod:`pymc_sgmcmc.kept_branches`), and at
+        h = 5e-3 gives a
         variance ratio of 1.03 against 1.01 for the every-step average and 1.49 for the
         paper's estimate.
     noise_minibatch : {"same", "independent"}, default "same"
