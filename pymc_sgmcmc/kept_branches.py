@@ -3,18 +3,18 @@
 PyTensor compiles ``ifelse(c, computed, kept)`` for numba as a ``LazyIfElse`` whose two
 branches are ``OpFromGraph``s that own their output buffers: a branch that passes an input
 through returns a copy of it (a ``DeepCopyOp``). A periodic average of Sigma
-(:meth:`pymc_sgmcmc.base.SGMCMC.periodically_averaged_noise`) is such a branch: every step
+(``pymc_sgmcmc.base.SGMCMC.periodically_averaged_noise``) is such a branch: every step
 that does not update the average keeps the D x D average and the D x D damping matrix made
 from it, and copied both: 160 kB per step at D = 100, 3-4 µs of mCCAdL's 34 µs step and
-5-6 µs of NOGIN's 33 µs step, updated every 300 steps, on the Intel Xeon host (two alternated
-runs; ``docs/performance.md``, "Covariance-controlled samplers").
+5-6 µs of NOGIN's 33 µs step, updated every 300 steps, on the Intel Xeon host (two
+alternated runs; ``docs/performance.md``, "Covariance-controlled samplers").
 
-:func:`keep_inputs_in_place` gives such a node a :class:`KeepingLazyIfElse`, whose branches
-return a passed-through input itself, and which declares each such output a view of that
-input (``view_map``): PyTensor's in-place rewrites, which run after it, then leave the input
-alone wherever it is still read, as for any view. A state a scan's step keeps this way is
-the same array from one step to the next (PyTensor's numba scan rebinds an untraced state to
-the step's output). The rewrite is registered under :data:`TAG` and included only where the
+The rewrite ``keep_inputs_in_place`` gives such a node a :class:`KeepingLazyIfElse`, whose
+branches return a passed-through input itself, and which declares each such output a view of
+that input (``view_map``): PyTensor's in-place rewrites, which run after it, then leave the
+input alone wherever it is still read, as for any view. A state a scan's step keeps this way
+is the same array from one step to the next (PyTensor's numba scan rebinds an untraced state
+to the step's output). The rewrite is registered under ``TAG`` and included only where the
 linker is numba's (:func:`with_kept_branches`).
 """
 
@@ -111,5 +111,5 @@ optdb.register("keep_inputs_in_place", in2out(keep_inputs_in_place), TAG, positi
 
 
 def with_kept_branches(mode) -> Mode | str | None:
-    """``mode`` with :func:`keep_inputs_in_place` included if its linker is numba's."""
+    """``mode`` with the rewrite ``keep_inputs_in_place`` included if its linker is numba's."""
     return including_for_linker(mode, NumbaLinker, TAG)
