@@ -786,10 +786,10 @@ class SGMCMC(ArrayStepShared):
         the damping matrix made from it) cost every step an elementwise pass over each:
         0.2-1.6 µs of mCCAdL's and NOGIN's 31-35 µs steps at D = 100 (two alternated runs).
         JAX runs every step, with an ``active`` flag: an inactive step leaves the state
-        unchanged. A fixed length keeps the
-        shape arithmetic out of the compiled function: with a length known only when it runs,
-        PyTensor computes the loop's count from the sequences' shapes and slices each of them
-        to it, six more ops that numba compiled for 1.0-1.5 s of a cold start (P1 SGLD)."""
+        unchanged. A fixed length keeps the shape arithmetic out of the compiled function:
+        with a length known only when it runs, PyTensor computes the loop's count from the
+        sequences' shapes and slices each of them to it, six more ops that numba compiled for
+        1.0-1.5 s of a cold start (P1 SGLD)."""
         names = self.functions[1]  # compiles the rest first
         length = self.compiled_length
         if length in self._block_functions:
