@@ -58,6 +58,8 @@ def returned_inputs(branch: OpFromGraph) -> dict[int, int]:
 
 def without_copies(branch: OpFromGraph, outputs: set[int]) -> OpFromGraph:
     """``branch`` with the given outputs (copies of an input) returning that input itself."""
+    if not outputs:
+        return branch
     fgraph = branch.fgraph.unfreeze()
     new_outputs = [
         out.owner.inputs[0] if k in outputs else out for k, out in enumerate(fgraph.outputs)
@@ -90,10 +92,11 @@ def keep_inputs_in_place(fgraph, node):
     if isinstance(op, KeepingLazyIfElse):
         return None
     true_kept, false_kept = copied_inputs(op.true_branch), copied_inputs(op.false_branch)
+    # Output k kept from input i by one branch, and by the other too or computed there.
     kept = {
         k
-        for k in {*true_kept, *false_kept}
-        if true_kept.get(k, false_kept.get(k)) == false_kept.get(k, true_kept.get(k))
+        for k, i in {**true_kept, **false_kept}.items()
+        if true_kept.get(k, i) == false_kept.get(k, i)
     }
     if not kept:
         return None

@@ -192,10 +192,6 @@ def test_better_estimates_remove_the_variance_inflation_of_the_sample_covariance
     assert paper > 1.2, ratios
 
 
-def is_scan(node) -> bool:
-    return isinstance(node.op, Scan)
-
-
 def test_a_periodic_average_is_updated_every_interval_steps_across_blocks():
     # averaging_interval = 5: the average (its trace is the noise_trace stat of every step,
     # thin = 1) changes at steps 0, 5, 10, ... of the chain and nowhere else, also where a
@@ -215,7 +211,8 @@ def test_a_periodic_average_is_updated_every_interval_steps_across_blocks():
     # A step that keeps the average keeps the D x D average and the damping matrix as they
     # are, not copies (pymc_sgmcmc.kept_branches; at D = 100 copies of both cost 3-6 µs of
     # a 33-34 µs step).
-    (block,) = [n for n in step._block_function()[0].maker.fgraph.apply_nodes if is_scan(n)]
+    nodes = step._block_function()[0].maker.fgraph.apply_nodes
+    (block,) = [n for n in nodes if isinstance(n.op, Scan)]
     kept = [
         node.outputs[k].type.shape
         for node in block.op.fgraph.apply_nodes

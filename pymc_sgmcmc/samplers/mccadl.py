@@ -85,8 +85,7 @@ class MCCAdL(Thermostatted):
         1.56 against 2.59 on the Intel Xeon of
         ``benchmarks/covariance_results_cost.md``; 1.28-1.33 there since the steps keep the
         D x D matrices without copying them, :mod:`pymc_sgmcmc.kept_branches`), and gives the
-        same variance ratio as the
-        every-step average at h = 5e-3 (1.52 against 1.51).
+        same variance ratio as the every-step average at h = 5e-3 (1.52 against 1.51).
     noise_minibatch : {"same", "independent"}, default "same"
         The rows :math:`\Sigma` is estimated from. "same" (the paper's eq. 15): the
         minibatch of the step's force, whose per-observation gradients give both. The

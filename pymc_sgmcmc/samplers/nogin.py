@@ -111,9 +111,8 @@ class NOGIN(SGMCMC):
         1.48 against 2.73 on the Intel Xeon of
         ``benchmarks/covariance_results_cost.md``; 1.19-1.23 there since the steps keep the
         D x D matrices without copying them, :mod:`pymc_sgmcmc.kept_branches`), and at
-        h = 5e-3 gives a
-        variance ratio of 1.03 against 1.01 for the every-step average and 1.49 for the
-        paper's estimate.
+        h = 5e-3 gives a variance ratio of 1.03 against 1.01 for the every-step average and
+        1.49 for the paper's estimate.
     noise_minibatch : {"same", "independent"}, default "same"
         With "estimate" only: the rows :math:`\Sigma` is estimated from. "same" (the paper):
         the minibatch of the step's force. The estimate is then correlated with the force's
