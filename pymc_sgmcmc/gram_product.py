@@ -97,7 +97,7 @@ class CentredGramProduct(Op):
         out = (g @ w - mean @ w) @ g
         outputs[0][0] = np.asarray(out, dtype=node.outputs[0].dtype)
 
-    def infer_shape(self, fgraph, node, shapes):
+    def infer_shape(self, node, shapes):
         return [(shapes[0][1],)]
 
 

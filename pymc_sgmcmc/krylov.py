@@ -336,7 +336,7 @@ class LowRankExpm(Op):
     def _constants(self) -> tuple[float, int]:
         return EXPM_TOLERANCE[self.tolerance], self.max_products
 
-    def infer_shape(self, fgraph, node, shapes):
+    def infer_shape(self, node, shapes):
         return [shapes[-1], ()]
 
 
@@ -362,7 +362,7 @@ class LowRankShiftedSolve(Op):
         result = _shifted_cg.py_func(*inputs, self.tolerance, self.iterations)
         outputs[0][0] = np.asarray(result, dtype=node.outputs[0].dtype)
 
-    def infer_shape(self, fgraph, node, shapes):
+    def infer_shape(self, node, shapes):
         return [shapes[-1]]
 
 

@@ -192,8 +192,8 @@ class _Cube(Op):
     def perform(self, node, inputs, outputs):
         outputs[0][0] = np.asarray(inputs[0] ** 3)
 
-    def grad(self, inputs, grads):
-        return [3 * inputs[0] ** 2 * grads[0]]
+    def pullback(self, inputs, outputs, cotangents):
+        return [3 * inputs[0] ** 2 * cotangents[0]]
 
 
 def test_jax_says_which_op_it_cannot_compile_and_what_to_use_instead():
