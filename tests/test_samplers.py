@@ -69,7 +69,7 @@ def test_sample_returns_datatree_with_documented_stats(name):
     summary = az.summary(idata)
     assert np.isfinite(summary["mean"]).all()
     assert np.all(idata.posterior["sigma"] > 0)
-    assert type(step) not in pm.STEP_METHODS
+    assert type(step) not in pm.step_methods.STEP_METHODS
 
 
 def float64_arrays_in_steps(block) -> set[str]:
