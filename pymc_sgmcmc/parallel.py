@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import multiprocessing
 import time
 import warnings
 from typing import Any
@@ -280,6 +281,7 @@ class ParallelSampler(ps.ParallelSampler):
             raise ValueError(f"Number of rngs and start_points must be {chains}.")
         if mp_ctx is None or isinstance(mp_ctx, str):
             mp_ctx = ps._initialize_multiprocessing_context(mp_ctx)
+        mp_ctx = _without_fork_under_jax(step_method, mp_ctx)
         step_pickled = zarr_pickled = None
         self.zarr_recording = zarr_chains is not None
         if mp_ctx.get_start_method() != "fork":
@@ -352,6 +354,18 @@ class ParallelSampler(ps.ParallelSampler):
                     # for Deterministics (numba types a float64 scalar apart from arrays).
                     point = {name: values[k, ...] for name, values in points.items()}
                     yield ps.Draw(proc.chain, is_last, draw, tuning, stats[k], point)
+
+
+def _without_fork_under_jax(step_method: SGMCMC, mp_ctx):
+    """``mp_ctx``, or forkserver (spawn where there is none) in place of fork for a step that
+    compiles with JAX: forking a process in which JAX has started its threads can deadlock,
+    so PyMC starts its own JAX mode's workers without fork
+    (``_initialize_multiprocessing_context``). ``pm.sample`` chooses the start method from its
+    own backend before it looks at the step, so on Linux a JAX step's workers got fork."""
+    if not step_method.static_shapes or mp_ctx.get_start_method() != "fork":  # not JAX
+        return mp_ctx
+    methods = multiprocessing.get_all_start_methods()
+    return multiprocessing.get_context("forkserver" if "forkserver" in methods else "spawn")
 
 
 def install() -> None:

@@ -10,6 +10,7 @@ loops) computes the same chain. Skipped when JAX is not installed (it is in the 
 
 from __future__ import annotations
 
+import inspect
 import warnings
 
 import numpy as np
@@ -23,6 +24,7 @@ from pytensor.graph.op import Op
 from python_backend import python_function
 
 from pymc_sgmcmc import MSGLD, NOGIN, SGHMC, SGLD, SGNHT, CCAdL, MCCAdL
+from pymc_sgmcmc import parallel as sg_parallel
 from pymc_sgmcmc.model_layer import DenseCovariance, ModelError
 
 pytest.importorskip("jax")
@@ -293,6 +295,28 @@ def test_static_shapes_follow_the_mode():
     with small_model():
         assert SGLD(step_size=0.01, mode="JAX").static_shapes
         assert not SGLD(step_size=0.01).static_shapes
+
+
+def test_a_jax_steps_parallel_chains_start_without_fork(monkeypatch):
+    # pm.sample picks its start method from its own backend before it sees the step (fork on
+    # Linux); forking a process in which JAX has started its threads can deadlock, so the
+    # workers of a JAX step start with forkserver, and draw the sequential chains.
+    methods = []
+    start = sg_parallel._BatchProcessAdapter.__init__
+
+    def recording(self, *args, **kwargs):
+        bound = inspect.signature(start).bind(self, *args, **kwargs)
+        methods.append(bound.arguments["mp_ctx"].get_start_method())
+        start(self, *args, **kwargs)
+
+    monkeypatch.setattr(sg_parallel._BatchProcessAdapter, "__init__", recording)
+    kwargs = dict(draws=20, tune=0, chains=2, random_seed=3, progressbar=False,
+                  compute_convergence_checks=False)  # fmt: skip
+    with small_model():
+        parallel = pm.sample(step=SGLD(step_size=1e-3, mode="JAX"), cores=2, **kwargs)
+        sequential = pm.sample(step=SGLD(step_size=1e-3, mode="JAX"), cores=1, **kwargs)
+    assert methods == ["forkserver", "forkserver"]
+    np.testing.assert_array_equal(parallel.posterior["w"], sequential.posterior["w"])
 
 
 def test_expm_product_with_a_fixed_count_is_the_stopping_loops():
