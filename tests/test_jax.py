@@ -299,8 +299,11 @@ def test_static_shapes_follow_the_mode():
 
 def test_a_jax_steps_parallel_chains_start_without_fork(monkeypatch):
     # pm.sample picks its start method from its own backend before it sees the step (fork on
-    # Linux); forking a process in which JAX has started its threads can deadlock, so the
-    # workers of a JAX step start with forkserver, and draw the sequential chains.
+    # Linux); forking a process in which JAX has started its threads can deadlock (with fork, a
+    # cores=2 run after a cores=1 JAX run in the same process hung), so the workers of a
+    # JAX step start with forkserver, and draw the sequential chains. The parallel run goes
+    # first: with fork again it fails here rather than hangs, unless an earlier test of this
+    # worker ran JAX.
     methods = []
     start = sg_parallel._BatchProcessAdapter.__init__
 
