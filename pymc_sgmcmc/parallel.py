@@ -362,7 +362,8 @@ def _without_fork_under_jax(step_method: SGMCMC, mp_ctx):
     so PyMC starts its own JAX mode's workers without fork
     (``_initialize_multiprocessing_context``). ``pm.sample`` chooses the start method from its
     own backend before it looks at the step, so on Linux a JAX step's workers got fork."""
-    if not step_method.static_shapes or mp_ctx.get_start_method() != "fork":  # not JAX
+    jax_step = step_method.static_shapes  # only JAX needs static shapes
+    if not (jax_step and mp_ctx.get_start_method() == "fork"):
         return mp_ctx
     methods = multiprocessing.get_all_start_methods()
     return multiprocessing.get_context("forkserver" if "forkserver" in methods else "spawn")
