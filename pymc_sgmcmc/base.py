@@ -768,7 +768,8 @@ class SGMCMC(ArrayStepShared):
 
         numba and C stop after the last real step, so one length, ``max(block_steps, thin)``,
         serves every ``thin`` up to ``block_steps``: the adaptation's changes of ``thin`` in
-        ``tune`` cost no step, not a compilation each. Compiled per ``block_length`` instead, a
+        ``tune`` cost neither a compilation each nor a padded step. Compiled per
+        ``block_length`` instead, a
         default SGNHT run compiled its block 4-11 times (one per value of ``thin`` in
         ``tune``). JAX runs every padded step, so its blocks are compiled per
         ``block_length``."""
