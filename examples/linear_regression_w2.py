@@ -70,7 +70,10 @@ def step_factory(sampler: str, h: float, friction: float, thin: int) -> Callable
     makers = {
         "SGHMC": lambda: SGHMC(step_size=h, friction=friction, **common),
         "SGNHT": lambda: SGNHT(step_size=h, friction=friction, splitting="euler", **common),
-        "CCAdL": lambda: CCAdL(step_size=h, friction=friction, covariance="diag", **common),
+        # The paper's estimate of the noise at every step (the default takes one every 10).
+        "CCAdL": lambda: CCAdL(
+            step_size=h, friction=friction, covariance="diag", averaging_interval=1, **common
+        ),
         "mCCAdL": lambda: MCCAdL(step_size=h, friction=friction, **common),
         "NOGIN": lambda: NOGIN(step_size=h, friction=friction, **common),
     }

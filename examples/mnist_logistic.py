@@ -80,7 +80,10 @@ def step_factory(sampler: str, h: float, friction: float, thin: int) -> Callable
     makers = {
         "SGHMC": lambda: SGHMC(step_size=h, friction=friction, **common),
         "SGNHT": lambda: SGNHT(step_size=h, friction=friction, splitting="euler", **common),
-        "CCAdL": lambda: CCAdL(step_size=h, friction=friction, covariance="full", **common),
+        # The paper's estimate of the noise at every step (the default takes one every 10).
+        "CCAdL": lambda: CCAdL(
+            step_size=h, friction=friction, covariance="full", averaging_interval=1, **common
+        ),
         "mCCAdL": lambda: MCCAdL(step_size=h, friction=friction, **common),
     }
     return makers[sampler]

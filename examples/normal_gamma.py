@@ -94,7 +94,10 @@ def step_factory(sampler: str, h: float, friction: float, thin: int) -> Callable
         "SGLD": lambda: SGLD(step_size=h**2, **common),
         "SGHMC": lambda: SGHMC(step_size=h, friction=friction, gradient_noise="estimate", **common),
         "SGNHT": lambda: SGNHT(step_size=h, friction=friction, splitting="euler", **common),
-        "CCAdL": lambda: CCAdL(step_size=h, friction=friction, covariance="full", **common),
+        # The paper's estimate of the noise at every step (the default takes one every 10).
+        "CCAdL": lambda: CCAdL(
+            step_size=h, friction=friction, covariance="full", averaging_interval=1, **common
+        ),
         "mCCAdL": lambda: MCCAdL(step_size=h, friction=friction, **common),
         "NOGIN": lambda: NOGIN(step_size=h, friction=friction, **common),
     }

@@ -484,13 +484,20 @@ class SGMCMC(ArrayStepShared):
             raise ValueError(f"averaging must be None or lie in (0, 1], got {value}")
         if int(interval) != interval or interval < 1:
             raise ValueError(f"averaging_interval must be a positive integer, got {interval}")
-        if interval > 1 and value is None:
+        self.averaging = value
+        if interval > 1 and not self.averages_noise:
             raise ValueError(
                 "averaging_interval needs averaging: without a moving average each step uses "
                 "its own minibatch's estimate"
             )
-        self.averaging = value
         self.averaging_interval = int(interval)
+
+    @property
+    def averages_noise(self) -> bool:
+        """Whether the steps use a moving average of Sigma (:meth:`averaged_noise`): with
+        ``averaging`` set (mCCAdL, NOGIN); always for CCAdL, whose ``averaging=None`` is the
+        paper's kappa_t = 1/t."""
+        return self.averaging is not None
 
     #: Which rows Sigma-hat comes from: "same", the force's minibatch (the papers), or
     #: "independent", a minibatch of its own (:meth:`force_and_noise`).
@@ -526,14 +533,14 @@ class SGMCMC(ArrayStepShared):
     def averages_periodically(self) -> bool:
         """Whether the moving average of Sigma is updated only every ``averaging_interval``
         steps (:meth:`periodically_averaged_noise`)."""
-        return self.averaging is not None and self.averaging_interval > 1
+        return self.averages_noise and self.averaging_interval > 1
 
     def noise_average_state(self, form: str) -> dict[str, np.ndarray]:
         """The moving average's carried state at a chain (re)start (empty without one): a
         count and the D x D ("full") or length-D ("diag") average, restarted with the chain;
         with a periodic update also the steps since the last one, the damping operator it
         made and the step size it was made for (:meth:`periodically_averaged_noise`)."""
-        if self.averaging is None:
+        if not self.averages_noise:
             return {}
         shape = (self.dim, self.dim) if form == "full" else (self.dim,)
         state = {"noise_count": np.array(0.0), "noise_average": np.zeros(shape)}
@@ -550,8 +557,9 @@ class SGMCMC(ArrayStepShared):
         the state to carry. Averaging over about 2 / kappa minibatches removes most of the
         estimate's sampling spread while keeping its shape, which Ledoit-Wolf shrinkage
         does not (``benchmarks/noise_estimator_results_*.md``); the position moves little
-        over that window. Without ``averaging``: ``sigma`` itself and no state."""
-        if self.averaging is None:
+        over that window. Without a moving average (:attr:`averages_noise`): ``sigma``
+        itself and no state."""
+        if not self.averages_noise:
             return sigma, {}
         count = state["noise_count"] + 1.0
         estimate = sigma.dense() if form == "full" else sigma.diagonal()
@@ -571,8 +579,8 @@ class SGMCMC(ArrayStepShared):
         estimate: Callable[[], Any],
         form: str,
         h: TensorVariable,
-        operator: Callable[[Any, TensorVariable], TensorVariable],
-    ) -> tuple[Any, TensorVariable, dict]:
+        operator: Callable[[Any, TensorVariable], TensorVariable] | None,
+    ) -> tuple[Any, TensorVariable | None, dict]:
         """The covariance a step uses with ``averaging_interval`` > 1, the damping operator
         made from it, and the state to carry.
 
@@ -585,24 +593,26 @@ class SGMCMC(ArrayStepShared):
         steps in between compute neither per-observation gradients nor any O(n D) product,
         only the summed force, and apply the operator in one O(D^2) product. A step size
         other than the operator's (a restart with a new one, a schedule) also updates it.
-        The average spans about ``2 * averaging_interval / averaging`` steps: the position
+        ``operator=None``: the integrator applies the average itself (CCAdL's explicit
+        damping), and no operator is kept. The average spans about
+        ``2 * averaging_interval / averaging`` steps: the position
         must move little over that window (Sigma(theta) changes over the posterior's width,
         which a chain crosses in about one relaxation time, the default ``thin``)."""
         count, age = state["noise_count"], state["noise_age"]
-        h = pt.as_tensor(h).astype(state["noise_operator_step"].dtype)
-        due = (
-            pt.eq(count, 0.0)
-            | pt.ge(age, self.averaging_interval)
-            | pt.neq(h, state["noise_operator_step"])
-        )
+        due = pt.eq(count, 0.0) | pt.ge(age, self.averaging_interval)
         averaged, average = self.averaged_noise(state, estimate(), form)
-        names = ["noise_count", "noise_average", "noise_operator", "noise_operator_step"]
-        updated = [average["noise_count"], average["noise_average"], operator(averaged, h), h]
+        names = ["noise_count", "noise_average"]
+        updated = [average["noise_count"], average["noise_average"]]
+        if operator is not None:
+            h = pt.as_tensor(h).astype(state["noise_operator_step"].dtype)
+            due = due | pt.neq(h, state["noise_operator_step"])
+            names += ["noise_operator", "noise_operator_step"]
+            updated += [operator(averaged, h), h]
         kept = [state[name] for name in names]
         new = dict(zip(names, ifelse(due, updated, kept), strict=True))
         new["noise_age"] = pt.switch(due, 1.0, age + 1.0)
         covariance = self._average_covariance(new["noise_average"], form)
-        return covariance, new["noise_operator"], new
+        return covariance, new.get("noise_operator"), new
 
     def noise_estimate(self, sigma):
         """The covariance the integrator uses: the minibatch estimate ``sigma``, shrunk
