@@ -204,25 +204,18 @@ def test_better_estimates_remove_the_variance_inflation_of_the_sample_covariance
     assert paper > 1.2, ratios
 
 
-def test_a_periodic_average_is_updated_every_interval_steps_across_blocks():
-    # averaging_interval = 5: the average (its trace is the noise_trace stat of every step,
-    # thin = 1) changes at steps 0, 5, 10, ... of the chain and nowhere else, also where a
-    # block of 7 steps ends mid-interval; the first update is the first minibatch's estimate
-    # (kappa_1 = 1), so the trace is positive from the first draw. The steps in between
-    # take no Sigma-vector products.
+def periodic_average_run(make_step):
+    """60 draws at thin = 1 in blocks of 7 steps from ``make_step()`` on a D = 4 regression:
+    the run, the draws at which the ``noise_trace`` stat changes, and the shapes of the
+    outputs that the block's lazy branches keep as views of their inputs
+    (:mod:`pymc_sgmcmc.kept_branches`)."""
     problem = GaussianRegression.make(n_obs=400, dim=4, batch_size=40, seed=3)
     with problem.model():
-        step = MCCAdL(step_size=0.01, averaging=0.3, averaging_interval=5, thin=1, block_steps=7)
+        step = make_step()
         idata = pm.sample(draws=60, tune=0, step=step, chains=1, random_seed=4, **SAMPLE_KWARGS)
-    trace = idata.sample_stats["noise_trace"].values[0]
     assert not idata.sample_stats["diverging"].values.any()
+    trace = idata.sample_stats["noise_trace"].values[0]
     assert trace[0] > 0
-    changed = np.flatnonzero(np.diff(trace) != 0) + 1
-    np.testing.assert_array_equal(changed, np.arange(5, 60, 5))
-    assert not idata.sample_stats["expm_products"].values.any()
-    # A step that keeps the average keeps the D x D average and the damping matrix as they
-    # are, not copies (pymc_sgmcmc.kept_branches; at D = 100 copies of both cost 3-6 µs of
-    # a 33-34 µs step).
     nodes = step._block_function()[0].maker.fgraph.apply_nodes
     (block,) = [n for n in nodes if isinstance(n.op, Scan)]
     kept = [
@@ -231,6 +224,23 @@ def test_a_periodic_average_is_updated_every_interval_steps_across_blocks():
         if isinstance(node.op, KeepingLazyIfElse)
         for k in node.op.view_map
     ]
+    return idata, np.flatnonzero(np.diff(trace) != 0) + 1, kept
+
+
+def test_a_periodic_average_is_updated_every_interval_steps_across_blocks():
+    # averaging_interval = 5: the average (its trace is the noise_trace stat of every step,
+    # thin = 1) changes at steps 0, 5, 10, ... of the chain and nowhere else, also where a
+    # block of 7 steps ends mid-interval; the first update is the first minibatch's estimate
+    # (kappa_1 = 1), so the trace is positive from the first draw. The steps in between
+    # take no Sigma-vector products.
+    idata, changed, kept = periodic_average_run(
+        lambda: MCCAdL(step_size=0.01, averaging=0.3, averaging_interval=5, thin=1, block_steps=7)
+    )
+    np.testing.assert_array_equal(changed, np.arange(5, 60, 5))
+    assert not idata.sample_stats["expm_products"].values.any()
+    # A step that keeps the average keeps the D x D average and the damping matrix as they
+    # are, not copies (pymc_sgmcmc.kept_branches; at D = 100 copies of both cost 3-6 µs of
+    # a 33-34 µs step).
     assert kept.count((4, 4)) == 2
 
 
@@ -242,25 +252,12 @@ def test_ccadls_average_takes_an_estimate_every_interval_steps_across_blocks(cov
     # k is draw k - 1), also where a block of 7 steps ends mid-interval, and nowhere else. A
     # step that keeps the average keeps it and its count as they are, not copies; CCAdL damps
     # with the average itself, so no operator is kept with them.
-    problem = GaussianRegression.make(n_obs=400, dim=4, batch_size=40, seed=3)
-    with problem.model():
-        step = CCAdL(
+    _, changed, kept = periodic_average_run(
+        lambda: CCAdL(
             step_size=2e-3, averaging_interval=5, covariance=covariance, thin=1, block_steps=7
         )
-        idata = pm.sample(draws=60, tune=0, step=step, chains=1, random_seed=4, **SAMPLE_KWARGS)
-    trace = idata.sample_stats["noise_trace"].values[0]
-    assert not idata.sample_stats["diverging"].values.any()
-    assert trace[0] > 0
-    changed = np.flatnonzero(np.diff(trace) != 0) + 1
+    )
     np.testing.assert_array_equal(changed, np.arange(4, 60, 5))
-    nodes = step._block_function()[0].maker.fgraph.apply_nodes
-    (block,) = [n for n in nodes if isinstance(n.op, Scan)]
-    kept = [
-        node.outputs[k].type.shape
-        for node in block.op.fgraph.apply_nodes
-        if isinstance(node.op, KeepingLazyIfElse)
-        for k in node.op.view_map
-    ]
     average = (4, 4) if covariance == "full" else (4,)
     assert sorted(kept) == [(), average]  # the count and the average
 
