@@ -125,8 +125,13 @@ def main() -> None:
     if args.samplers:
         lines = out.read_text().splitlines()
         lines = [kept.get(_row_key(line), line) for line in lines]
+        # An earlier note about the same samplers' rows no longer holds.
+        note = f"Rows of {', '.join(args.samplers)} rerun on "
+        lines = [line for line in lines if not line.startswith(note)]
+        while lines and not lines[-1].strip():
+            lines.pop()
         lines.append(
-            f"\nRows of {', '.join(args.samplers)} rerun on {time.strftime('%Y-%m-%d %H:%M')} "
+            f"\n{note}{time.strftime('%Y-%m-%d %H:%M')} "
             "(`--samplers`); the other rows are from the run above."
         )
     else:
