@@ -13,7 +13,7 @@ from pymc_sgmcmc.operators import drift, kinetic_temperature, thermostat
 __all__ = ["CCAdL"]
 
 #: Above this dimension the default covariance is the diagonal: forming the D x D estimate
-#: costs O(n D^2) per step, about 10 gradient evaluations already at D = 100.
+#: costs O(n D^2) each time, about 10 gradient evaluations already at D = 100.
 FULL_COVARIANCE_MAX_DIM = 50
 
 
@@ -47,13 +47,14 @@ class CCAdL(Thermostatted):
         :math:`\mu`; default D (the papers' choice).
     covariance : {"full", "diag"}, optional
         Keep the full D x D moving average (the paper) or its diagonal. Default: "full" up to
-        D = 50, "diag" above (the full estimate costs O(n D^2) per step).
+        D = 50, "diag" above (the full estimate costs O(n D^2) each time it is taken).
     averaging : float, optional
         Weight :math:`\kappa` of the newest estimate. Default: :math:`\kappa_t = 1/t` (the
-        paper; t counts steps from the chain's (re)start, so the average restarts at the end of
-        tuning). A fixed :math:`\kappa \in (0, 1]`: :math:`\kappa_t = \max(1/t, \kappa)`, the
-        mean of the first :math:`1/\kappa` estimates, then an exponential moving average over
-        about :math:`2/\kappa` minibatches (the same option as MCCAdL's and NOGIN's).
+        paper; t counts the estimates since the chain's (re)start, one every
+        ``averaging_interval`` steps, so the average restarts at the end of tuning). A fixed
+        :math:`\kappa \in (0, 1]`: :math:`\kappa_t = \max(1/t, \kappa)`, the mean of the
+        first :math:`1/\kappa` estimates, then an exponential moving average over about
+        :math:`2/\kappa` minibatches (the same option as MCCAdL's and NOGIN's).
     averaging_interval : int, default 10
         Steps between the estimates the average takes: at the chain's (re)start and then
         every ``averaging_interval`` steps, in a lazy branch; the steps in between compute
