@@ -682,6 +682,59 @@ def test_a_step_size_beyond_the_stability_limit_is_named_in_a_warning(step_size,
         assert 5e-3 < limit < 1.2e-2 and suggested == pytest.approx(limit / 2, rel=0.01)
 
 
+#: (sampler, step size and thin for an excess E of its variance from the gradient noise) on
+#: the N / n = 100 regression of the test below, whose noise covariance at the posterior is
+#: about sigma2 I (sigma2 = N^2 / n = 5e5) and curvature about lambda = N = 5,000 (SGHMC's
+#: friction 140 about twice sqrt(lambda)): ``thin`` about one relaxation time.
+NOISE_EXCESS_STEPS = {
+    "SGLD": lambda e: SGLD(step_size=4 * e / 5e5, thin=max(1, round(5e-4 / (4 * e / 5e5)))),
+    "MSGLD": lambda e: MSGLD(
+        step_size=8 * np.sqrt(e) / 5e5, thin=max(1, round(5e-4 / (8 * np.sqrt(e) / 5e5)))
+    ),
+    "SGHMC": lambda e: SGHMC(
+        step_size=280 * e / 5e5, friction=140.0, thin=max(1, round(0.028 / (280 * e / 5e5)))
+    ),
+}
+
+
+@pytest.mark.parametrize("name", list(NOISE_EXCESS_STEPS))
+def test_a_step_size_the_gradient_noise_makes_too_hot_is_named_in_a_warning(name):
+    # SGLD, mSGLD and SGHMC (without its noise estimate) leave the minibatch noise in the
+    # draws: their variance is (1 + E) times the posterior's in the noisiest direction, with
+    # E = eps sigma^2 / 4, (eps sigma^2 / 8)^2 and h sigma^2 / (2A). At E = 1 the chain is
+    # twice as wide as the posterior and nothing diverges: the check at the first kept draw
+    # estimates E from the gradient noise there and warns (E = 0.05, 0.3 and 1 gave variance
+    # ratios of 1.00-1.07, 1.23-1.38 and 1.83-2.28, and the warning said 1.30-1.31 and
+    # 2.00-2.02). At E = 0.03 it stays silent. Starts at the posterior mean, tune=0: the
+    # check runs after the first block, where the identity preconditioner is kept.
+    problem = GaussianRegression.make(n_obs=5000, dim=2, batch_size=50)
+    said = {}
+    for excess, draws in [(1.0, 2000), (0.03, 20)]:
+        with problem.model():
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always")
+                idata = pm.sample(
+                    draws=draws,
+                    tune=0,
+                    step=NOISE_EXCESS_STEPS[name](excess),
+                    chains=1,
+                    random_seed=3,
+                    initvals={"w": problem.mean},
+                    **SAMPLE_KWARGS,
+                )
+        said[excess] = [
+            float(re.search(r"about ([\d.e+-]+) times", str(w.message)).group(1))
+            for w in caught
+            if "gradient noise" in str(w.message)
+        ]
+        if excess == 1.0:
+            ratio = np.var(idata.posterior["w"].values[0], axis=0) / np.diag(problem.cov)
+            # ESS about 900 of 2,000 draws a relaxation time apart: se about 0.035 on the mean.
+            assert ratio.mean() > 1.6, ratio
+    assert len(said[1.0]) == 1 and 1.6 < said[1.0][0] < 2.6, said
+    assert said[0.03] == [], said
+
+
 @pytest.mark.parametrize(
     "factory",
     [

@@ -126,6 +126,11 @@ class SGLD(SGMCMC):
     def adapted_step_size(self, curvature: float, noise: float, phase: str) -> float:
         return langevin_step_size(self, curvature, noise, phase)
 
+    def noise_excess(self, step_size: float, noise: float) -> float | None:
+        # eps sigma^2 / 4 (langevin_step_size). A schedule anneals it away, as the paper's
+        # section 4.2 intends: its early draws are expected to be noise-dominated.
+        return None if self.schedule is not None else step_size * noise / 4.0
+
     def relaxation_steps(self, step_size: float, variance: float = 1.0) -> int:
         return langevin_relaxation_steps(step_size, variance)
 
