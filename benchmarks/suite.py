@@ -50,6 +50,7 @@ import importlib
 import json
 import logging
 import os
+import re
 import sys
 import tempfile
 import time
@@ -319,7 +320,8 @@ def run_ours(problem: Problem, ref: Reference, name: str, s: Settings, cfg: Conf
         rate = steady_rate(np.asarray(times), block_draws(step, cfg.thin), cfg.thin)
         steps = int(min(cfg.max_steps, max(rate * cfg.budget_s, 2 * CHUNK)))
         times.clear()
-        with model:
+        with model, warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always", RuntimeWarning)
             start = clock()
             idata = pm.sample(
                 draws=steps // cfg.thin, step=step, **sample_kwargs(problem, cfg.seed, times)
@@ -329,9 +331,21 @@ def run_ours(problem: Problem, ref: Reference, name: str, s: Settings, cfg: Conf
     res.steps_per_s = steady_rate(t, block_draws(step, cfg.thin), cfg.thin)
     fill_result(res, problem.draws_from_idata(idata), t, ref, cfg.thin, res.first_draw_s)
     divergent = int(idata.sample_stats["diverging"].values.sum())
-    if divergent:
-        res.note = f"{divergent} divergent draws"
+    notes = [f"{divergent} divergent draws"] if divergent else []
+    res.note = "; ".join(notes + sampler_warnings(caught, type(step).__name__))
     return res
+
+
+def sampler_warnings(caught: list, sampler: str) -> list[str]:
+    """The timed run's warnings from the sampler (its messages start with its class name),
+    each cut to its first clause: a run whose draws the sampler says are off is labelled."""
+    notes = []
+    for w in caught:
+        text = str(w.message)
+        if text.startswith(f"{sampler}: "):
+            clause = re.split(r"[:;(]", text[len(sampler) + 2 :])[0].strip().rstrip(",.")
+            notes.append(f"warned: {clause}")
+    return list(dict.fromkeys(notes))
 
 
 def run_sgld_thin1(problem: Problem, s: Settings, cfg: Config) -> Result:
