@@ -130,7 +130,7 @@ RELAXATION_Z = 5.0
 THERMOSTAT_EXCESS_WARNING = 1.0
 #: A user's step size is reported when the gradient noise it leaves uncorrected raises the
 #: draws' variance in the noisiest direction by more than this fraction, as estimated at the
-#: first kept draw (:meth:`SGMCMC.noise_excess`, for SGLD, mSGLD and SGHMC without its noise
+#: first kept draw (``SGMCMC.noise_excess``, for SGLD, mSGLD and SGHMC without its noise
 #: estimate: the samplers with a thermostat or a Sigma-damping absorb that noise). The
 #: estimate of the largest noise eigenvalue, from 16 pooled minibatches, over-states it by
 #: 1.03-1.56x (``SGModel.gradient_noise``): 0.15 = 1.56 x 0.1 reports only chains whose
@@ -352,7 +352,7 @@ class SGMCMC(ArrayStepShared):
         when a user's ``step_size`` is beyond the linear-stability limit at the first kept
         draw, or (SGLD, mSGLD, SGHMC without its noise estimate) makes the gradient noise
         widen the draws' variance by more than 15 % in its noisiest direction there
-        (:meth:`noise_excess`); when steps diverge (once, with the step size to try).
+        (``noise_excess``); when steps diverge (once, with the step size to try).
 
     Notes
     -----
