@@ -41,8 +41,8 @@ class MSGLD(SGMCMC):
     see :class:`pymc_sgmcmc.base.SGMCMC`); after tuning the kernel is fixed. One step costs
     one minibatch force and its per-observation gradients: 1.4 SGLD steps on the benchmark
     suite's logistic regression, 1.8 on its linear regression, where SGLD's gradient is one pass
-    over the minibatch rows (``benchmarks/suite_results.md``, 2026-11-26 05:58 UTC). In a
-    float64 model the product :math:`\Sigma R` reads the per-observation gradients rounded to
+    over the minibatch rows (``benchmarks/suite_results_amd_epyc_2026-11-26.md``, 05:58 UTC).
+    In a float64 model the product :math:`\Sigma R` reads the per-observation gradients rounded to
     float32 and sums them in float32 (:mod:`pymc_sgmcmc.gram_product`): the correction is a
     fraction :math:`\varepsilon \lambda_{\max}(\Sigma) / 8` of the noise, so the rounding
     (a few 1e-7 of :math:`\Sigma`) is far below anything a chain can show, and the rows cost
