@@ -25,6 +25,7 @@ import inspect
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import cached_property, partial
+from typing import NamedTuple
 
 import numpy as np
 import pymc as pm
@@ -453,6 +454,14 @@ NOISE_VALUES_BUDGET = 2**24
 POWER_ITERATIONS = 20
 
 
+class NoiseMoments(NamedTuple):
+    """The preconditioned minibatch-force covariance's largest eigenvalue and its diagonal
+    (:meth:`SGModel.gradient_noise_moments`)."""
+
+    largest: float
+    diagonal: np.ndarray
+
+
 def _power_iteration(matvec, start: np.ndarray) -> float:
     """Largest |eigenvalue| of a symmetric operator after :data:`POWER_ITERATIONS` products
     (nan if it produces non-finite values)."""
@@ -832,9 +841,22 @@ class SGModel:
         model is not finite at a point. With an ``anchor``, the noise is that of the
         control-variate force (the spread of g_i(theta) - g_i(anchor)).
         """
+        return self.gradient_noise_moments(points, preconditioner, rng, batches, anchor).largest
+
+    def gradient_noise_moments(
+        self,
+        points: Sequence[np.ndarray],
+        preconditioner: Preconditioner,
+        rng: np.random.Generator,
+        batches: int = NOISE_BATCHES,
+        anchor: np.ndarray | None = None,
+    ) -> NoiseMoments:
+        """:meth:`gradient_noise`'s largest eigenvalue and the diagonal of the same pooled
+        covariance (the noise's variance in each of the preconditioned coordinates, unbiased
+        from the pooled rows), from the same rows and generator draws."""
         _, rows_fn = self._geometry_functions
         if rows_fn is None:
-            return 0.0
+            return NoiseMoments(0.0, np.zeros(self.dim))
         fits = NOISE_VALUES_BUDGET // (self.batch_size * self.dim)
         per_point = max(1, min(batches, fits) // len(points))
         if self.batch_size == 1:
@@ -855,7 +877,9 @@ class SGModel:
         def sigma(v):
             return sum(w * (b.T @ (b @ v)) for w, b in zip(weights, blocks, strict=True))
 
-        return _power_iteration(sigma, rng.standard_normal(self.dim))
+        largest = _power_iteration(sigma, rng.standard_normal(self.dim))
+        diagonal = sum(w * np.sum(b * b, axis=0) for w, b in zip(weights, blocks, strict=True))
+        return NoiseMoments(largest, diagonal)
 
     def _noise_rows(self, theta: np.ndarray, ix, anchor: np.ndarray | None) -> np.ndarray:
         """The rows whose spread is the force's noise: g_i(theta), or g_i(theta) - g_i(anchor)

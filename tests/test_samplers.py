@@ -735,6 +735,50 @@ def test_a_step_size_the_gradient_noise_makes_too_hot_is_named_in_a_warning(name
     assert said[0.03] == [], said
 
 
+def test_sgnht_with_a_step_size_its_thermostat_cannot_follow_the_noise_at_is_warned():
+    # The thermostat absorbs the noise's average over the coordinates: at xi = A + h tr/(2D)
+    # a coordinate with noise variance Sigma_jj runs at (A + h Sigma_jj / 2) / xi. With the
+    # second covariate three times the first's scale the noise variances are 5e5 and 4.5e6
+    # (N = 5,000, n = 50), and at h Sigma_11 / 2 = A the coordinates run at 1/3 and 5/3:
+    # nothing diverges, the kinetic temperature averages 1, and only this check tells.
+    # A = 140 (about twice the slower coordinate's frequency) keeps a relaxation time near
+    # 300 steps; at a fiftieth of that h the temperatures are 0.93 and 1.07, and no warning.
+    rng = np.random.default_rng(0)
+    X = rng.standard_normal((5000, 2)) * np.array([1.0, 3.0])
+    problem = GaussianRegression(
+        X, X @ np.array([0.5, -0.5]) + rng.standard_normal(5000), 1.0, 10.0, 50
+    )
+    said = {}
+    for fraction, draws in [(1.0, 1500), (0.02, 20)]:
+        with problem.model():
+            step = SGNHT(step_size=fraction * 280 / 5e5, friction=140.0, thin=300)
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always")
+                idata = pm.sample(
+                    draws=draws,
+                    tune=0,
+                    step=step,
+                    chains=1,
+                    random_seed=3,
+                    initvals={"w": problem.mean},
+                    **SAMPLE_KWARGS,
+                )
+        said[fraction] = [
+            tuple(
+                map(float, re.search(r"about ([\d.]+) to ([\d.]+) times", str(w.message)).groups())
+            )
+            for w in caught
+            if "thermostat, which absorbs its average" in str(w.message)
+        ]
+        if fraction == 1.0:
+            ratio = np.var(idata.posterior["w"].values[0], axis=0) / np.diag(problem.cov)
+            assert ratio[0] < 0.6 and ratio[1] > 1.4, ratio
+    assert len(said[1.0]) == 1, said
+    low, high = said[1.0][0]
+    assert 0.25 < low < 0.42 and 1.5 < high < 1.85, said
+    assert said[0.02] == [], said
+
+
 @pytest.mark.parametrize(
     "factory",
     [

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytensor.tensor as pt
 
 from pymc_sgmcmc.base import SGMCMC, Step
+from pymc_sgmcmc.model_layer import NoiseMoments
 from pymc_sgmcmc.samplers.sgld import langevin_relaxation_steps, langevin_step_size
 
 __all__ = ["MSGLD"]
@@ -88,10 +89,12 @@ class MSGLD(SGMCMC):
     def adapted_step_size(self, curvature: float, noise: float, phase: str) -> float:
         return langevin_step_size(self, curvature, noise, phase)
 
-    def noise_excess(self, step_size: float, noise: float) -> float | None:
+    def noise_variance_factors(
+        self, step_size: float, noise: NoiseMoments
+    ) -> tuple[float, float] | None:
         # Injected eps (1 - eps sigma^2 / 8)^2 plus the gradient's eps^2 sigma^2 / 4 is
         # eps (1 + (eps sigma^2 / 8)^2): the shrinkage removes the first-order excess only.
-        return (step_size * noise / 8.0) ** 2
+        return 1.0, 1.0 + (step_size * noise.largest / 8.0) ** 2
 
     def relaxation_steps(self, step_size: float, variance: float = 1.0) -> int:
         return langevin_relaxation_steps(step_size, variance)

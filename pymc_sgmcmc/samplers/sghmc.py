@@ -9,6 +9,7 @@ import numpy as np
 import pytensor.tensor as pt
 
 from pymc_sgmcmc.base import SGMCMC, positive
+from pymc_sgmcmc.model_layer import NoiseMoments
 from pymc_sgmcmc.operators import drift, kick, kinetic_temperature
 
 __all__ = ["SGHMC"]
@@ -97,12 +98,14 @@ class SGHMC(SGMCMC):
         self.gradient_noise = gradient_noise
         super().__init__(vars, **kwargs)
 
-    def noise_excess(self, step_size: float, noise: float) -> float | None:
+    def noise_variance_factors(
+        self, step_size: float, noise: NoiseMoments
+    ) -> tuple[float, float] | None:
         # B-hat = 0: the kick's noise h^2 sigma^2 on top of the injected 2 A h, a kinetic
         # temperature of 1 + h sigma^2 / (2A). The estimate's clipping has its own warning.
         if self.gradient_noise == "estimate":
             return None
-        return step_size * noise / (2.0 * self.friction)
+        return 1.0, 1.0 + step_size * noise.largest / (2.0 * self.friction)
 
     def initial_auxiliary(self, rng):
         return {"momentum": rng.standard_normal(self.dim)}

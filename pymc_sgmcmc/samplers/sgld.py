@@ -8,6 +8,7 @@ import numpy as np
 import pytensor.tensor as pt
 
 from pymc_sgmcmc.base import KEPT_PHASES, SGMCMC, positive
+from pymc_sgmcmc.model_layer import NoiseMoments
 
 __all__ = ["SGLD", "PolynomialDecay", "langevin_relaxation_steps", "langevin_step_size"]
 
@@ -126,10 +127,12 @@ class SGLD(SGMCMC):
     def adapted_step_size(self, curvature: float, noise: float, phase: str) -> float:
         return langevin_step_size(self, curvature, noise, phase)
 
-    def noise_excess(self, step_size: float, noise: float) -> float | None:
-        # eps sigma^2 / 4 (langevin_step_size). A schedule anneals it away, as the paper's
+    def noise_variance_factors(
+        self, step_size: float, noise: NoiseMoments
+    ) -> tuple[float, float] | None:
+        # 1 + eps sigma^2 / 4 (langevin_step_size). A schedule anneals it away, as the paper's
         # section 4.2 intends: its early draws are expected to be noise-dominated.
-        return None if self.schedule is not None else step_size * noise / 4.0
+        return None if self.schedule is not None else (1.0, 1.0 + step_size * noise.largest / 4)
 
     def relaxation_steps(self, step_size: float, variance: float = 1.0) -> int:
         return langevin_relaxation_steps(step_size, variance)
