@@ -1610,7 +1610,9 @@ class SGMCMC(ArrayStepShared):
         if not np.isfinite(curvature) or curvature <= 0:
             # Not finite here (e.g. at a boundary of the support): a cautious halving.
             return 0.5 * self.step_size if self.step_size else 1e-3
-        noise = sg_model.gradient_noise(points, preconditioner, rng, anchor=self._geometry_anchor)
+        noise = sg_model.gradient_noise(
+            points, preconditioner, rng, anchor=self._geometry_anchor
+        ).largest
         step_size = self.adapted_step_size(curvature, noise if np.isfinite(noise) else 0.0, phase)
         # Which bound set it decides what a capped thin's warning advises.
         self.noise_limited = step_size < self.adapted_step_size(curvature, 0.0, phase)
@@ -1748,7 +1750,7 @@ class SGMCMC(ArrayStepShared):
         stays as it would be)."""
         if self.noise_variance_factors(h, NoiseMoments(1.0, np.ones(self.dim))) is None:
             return  # it needs no estimate of the noise (whatever its moments)
-        noise = self.sg_model.gradient_noise_moments(
+        noise = self.sg_model.gradient_noise(
             [theta], self.preconditioner, rng, anchor=self._geometry_anchor
         )
         if not (np.isfinite(noise.largest) and np.isfinite(noise.diagonal).all()):

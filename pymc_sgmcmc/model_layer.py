@@ -456,7 +456,7 @@ POWER_ITERATIONS = 20
 
 class NoiseMoments(NamedTuple):
     """The preconditioned minibatch-force covariance's largest eigenvalue and its diagonal
-    (:meth:`SGModel.gradient_noise_moments`)."""
+    (:meth:`SGModel.gradient_noise`)."""
 
     largest: float
     diagonal: np.ndarray
@@ -824,10 +824,12 @@ class SGModel:
         rng: np.random.Generator,
         batches: int = NOISE_BATCHES,
         anchor: np.ndarray | None = None,
-    ) -> float:
+    ) -> NoiseMoments:
         """The largest eigenvalue of the preconditioned minibatch-force covariance
         S R^T Sigma R S (:class:`Preconditioner`), averaged over ``points``: one of the two
-        numbers a step size is chosen from (the other is :meth:`largest_curvature`).
+        numbers a step size is chosen from (the other is :meth:`largest_curvature`); and the
+        same covariance's diagonal, the noise's variance in each preconditioned coordinate
+        (SGNHT's user step-size check).
 
         Power iteration on the covariance of the per-observation gradients, pooled over
         ``batches`` minibatches spread evenly over the points (each minibatch centred on its
@@ -837,23 +839,11 @@ class SGModel:
         on linear regressions at the posterior it measured 1.7x (D = 10, n = 200), 2.5x
         (D = 100, n = 500), 5.2x (D = 200, n = 400) and 5.9x (D = 1,000, n = 2,000), up to
         9.7x with t3-distributed residuals; 16 pooled minibatches measured 1.03-1.56x on the
-        same problems, never below 1 on average. 0 without ``pm.Minibatch``; nan where the
-        model is not finite at a point. With an ``anchor``, the noise is that of the
-        control-variate force (the spread of g_i(theta) - g_i(anchor)).
+        same problems, never below 1 on average. The diagonal is unbiased. 0 without
+        ``pm.Minibatch``; nan where the model is not finite at a point. With an ``anchor``,
+        the noise is that of the control-variate force (the spread of g_i(theta) -
+        g_i(anchor)).
         """
-        return self.gradient_noise_moments(points, preconditioner, rng, batches, anchor).largest
-
-    def gradient_noise_moments(
-        self,
-        points: Sequence[np.ndarray],
-        preconditioner: Preconditioner,
-        rng: np.random.Generator,
-        batches: int = NOISE_BATCHES,
-        anchor: np.ndarray | None = None,
-    ) -> NoiseMoments:
-        """:meth:`gradient_noise`'s largest eigenvalue and the diagonal of the same pooled
-        covariance (the noise's variance in each of the preconditioned coordinates, unbiased
-        from the pooled rows), from the same rows and generator draws."""
         _, rows_fn = self._geometry_functions
         if rows_fn is None:
             return NoiseMoments(0.0, np.zeros(self.dim))
