@@ -682,6 +682,25 @@ def test_a_step_size_beyond_the_stability_limit_is_named_in_a_warning(step_size,
         assert 5e-3 < limit < 1.2e-2 and suggested == pytest.approx(limit / 2, rel=0.01)
 
 
+def sampled_from_the_mean(problem, make_step, draws: int) -> tuple[np.ndarray, list[str]]:
+    """The draws of ``w`` (one chain, ``tune=0``, from the posterior mean) by the step that
+    ``make_step()`` builds in the model, and the warnings' messages: the user step-size
+    checks run after the first block."""
+    with problem.model():
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            idata = pm.sample(
+                draws=draws,
+                tune=0,
+                step=make_step(),
+                chains=1,
+                random_seed=3,
+                initvals={"w": problem.mean},
+                **SAMPLE_KWARGS,
+            )
+    return idata.posterior["w"].values[0], [str(w.message) for w in caught]
+
+
 #: (sampler, step size and thin for an excess E of its variance from the gradient noise) on
 #: the N / n = 100 regression of the test below, whose noise covariance at the posterior is
 #: about sigma2 I (sigma2 = N^2 / n = 5e5) and curvature about lambda = N = 5,000 (SGHMC's
@@ -710,25 +729,16 @@ def test_a_step_size_the_gradient_noise_makes_too_hot_is_named_in_a_warning(name
     problem = GaussianRegression.make(n_obs=5000, dim=2, batch_size=50)
     said = {}
     for excess, draws in [(1.0, 2000), (0.03, 20)]:
-        with problem.model():
-            with warnings.catch_warnings(record=True) as caught:
-                warnings.simplefilter("always")
-                idata = pm.sample(
-                    draws=draws,
-                    tune=0,
-                    step=NOISE_EXCESS_STEPS[name](excess),
-                    chains=1,
-                    random_seed=3,
-                    initvals={"w": problem.mean},
-                    **SAMPLE_KWARGS,
-                )
+        w, messages = sampled_from_the_mean(
+            problem, functools.partial(NOISE_EXCESS_STEPS[name], excess), draws
+        )
         said[excess] = [
-            float(re.search(r"about ([\d.e+-]+) times", str(w.message)).group(1))
-            for w in caught
-            if "gradient noise" in str(w.message)
+            float(re.search(r"about ([\d.e+-]+) times", m).group(1))
+            for m in messages
+            if "gradient noise" in m
         ]
         if excess == 1.0:
-            ratio = np.var(idata.posterior["w"].values[0], axis=0) / np.diag(problem.cov)
+            ratio = np.var(w, axis=0) / np.diag(problem.cov)
             # ESS about 900 of 2,000 draws a relaxation time apart: se about 0.035 on the mean.
             assert ratio.mean() > 1.6, ratio
     assert len(said[1.0]) == 1 and 1.6 < said[1.0][0] < 2.6, said
@@ -750,28 +760,18 @@ def test_sgnht_with_a_step_size_its_thermostat_cannot_follow_the_noise_at_is_war
     )
     said = {}
     for fraction, draws in [(1.0, 1500), (0.02, 20)]:
-        with problem.model():
-            step = SGNHT(step_size=fraction * 280 / 5e5, friction=140.0, thin=300)
-            with warnings.catch_warnings(record=True) as caught:
-                warnings.simplefilter("always")
-                idata = pm.sample(
-                    draws=draws,
-                    tune=0,
-                    step=step,
-                    chains=1,
-                    random_seed=3,
-                    initvals={"w": problem.mean},
-                    **SAMPLE_KWARGS,
-                )
+        w, messages = sampled_from_the_mean(
+            problem,
+            functools.partial(SGNHT, step_size=fraction * 280 / 5e5, friction=140.0, thin=300),
+            draws,
+        )
         said[fraction] = [
-            tuple(
-                map(float, re.search(r"about ([\d.]+) to ([\d.]+) times", str(w.message)).groups())
-            )
-            for w in caught
-            if "thermostat, which absorbs its average" in str(w.message)
+            tuple(map(float, re.search(r"about ([\d.]+) to ([\d.]+) times", m).groups()))
+            for m in messages
+            if "thermostat, which absorbs its average" in m
         ]
         if fraction == 1.0:
-            ratio = np.var(idata.posterior["w"].values[0], axis=0) / np.diag(problem.cov)
+            ratio = np.var(w, axis=0) / np.diag(problem.cov)
             assert ratio[0] < 0.6 and ratio[1] > 1.4, ratio
     assert len(said[1.0]) == 1, said
     low, high = said[1.0][0]
