@@ -31,6 +31,7 @@ from pymc_sgmcmc.adaptation import (
     strong_correlations,
 )
 from pymc_sgmcmc.base import MAX_THIN, THIN_CAP_WARNING
+from pymc_sgmcmc.model_layer import NoiseMoments
 
 SAMPLE_KWARGS = dict(progressbar=False, compute_convergence_checks=False)
 ALL_SAMPLERS = [SGLD, MSGLD, SGHMC, SGNHT, CCAdL, MCCAdL, NOGIN]
@@ -378,7 +379,8 @@ def test_a_capped_thin_is_reported_with_what_would_allow_a_larger_step(
         step = SGLD(control_variates=control_variates)
     sg_model = step.sg_model
     monkeypatch.setattr(sg_model, "largest_curvature", lambda *args: 1e8 if noise == 0 else 1.0)
-    monkeypatch.setattr(sg_model, "gradient_noise", lambda *args, **kwargs: noise)
+    moments = NoiseMoments(noise, np.full(2, noise))
+    monkeypatch.setattr(sg_model, "gradient_noise", lambda *args, **kwargs: moments)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         step._set_kernel(step._choose_step_size(np.zeros(2), "final"), "final")
