@@ -43,7 +43,7 @@ def assert_files(folder: Path, names: list[str]) -> None:
 
 @pytest.mark.filterwarnings("ignore::RuntimeWarning", "ignore::UserWarning")
 def test_main_example_quick(tmp_path):
-    """``make example``'s script (SGNHT on a9a, 2 chains) predicts like the posterior does."""
+    """``make example``'s script (NOGIN on a9a, 2 chains) predicts like the posterior does."""
     result = load_example("a9a_logistic_regression").main(quick=True, output_dir=tmp_path)
     assert_files(tmp_path, ["a9a_trace.png"])
     assert result["divergences"] == 0
