@@ -26,6 +26,13 @@ EQUILIBRIUM_MINIBATCHES = 16
 FAR_START_RATIO = 3.0
 
 
+def equilibrium_friction(friction, step_size, noise_trace, dim: int):
+    """The thermostat's level where the kinetic temperature averages 1, A + h tr(Sigma) / (2D)
+    (Ding et al. 2014, B = h Sigma / 2): the friction absorbs the gradient noise's average over
+    the coordinates (NumPy values or PyTensor graphs alike)."""
+    return friction + step_size * noise_trace / (2.0 * dim)
+
+
 class SGNHT(Thermostatted):
     r"""Stochastic gradient Nosé-Hoover thermostat / Adaptive Langevin.
 
@@ -135,11 +142,11 @@ class SGNHT(Thermostatted):
     def noise_variance_factors(
         self, step_size: float, noise: NoiseMoments
     ) -> tuple[float, float] | None:
-        # The thermostat settles where the kinetic temperature averages 1, at
-        # xi = A + h tr(Sigma) / (2D); a coordinate whose noise variance is Sigma_jj then runs
-        # at (A + h Sigma_jj / 2) / xi (Ding et al. take the noise to be isotropic).
-        level = self.friction + step_size * float(np.mean(noise.diagonal)) / 2.0
-        temperatures = (self.friction + step_size * noise.diagonal / 2.0) / level
+        # At the thermostat's level a coordinate whose noise variance is Sigma_jj runs at
+        # (A + h Sigma_jj / 2) / xi (Ding et al. take the noise to be isotropic).
+        diagonal = noise.diagonal
+        level = equilibrium_friction(self.friction, step_size, float(np.sum(diagonal)), self.dim)
+        temperatures = (self.friction + step_size * diagonal / 2.0) / level
         return float(temperatures.min()), float(temperatures.max())
 
     def noise_warning(self, low: float, high: float, noise: NoiseMoments) -> str:
@@ -155,13 +162,13 @@ class SGNHT(Thermostatted):
         return {"momentum": rng.standard_normal(self.dim)}
 
     def initial_evaluation(self, theta, indices, noise, h):
-        # The thermostat starts at its equilibrium under isotropic gradient noise,
-        # xi = A + h tr(Sigma) / (2D) (Ding et al. 2014, B = h Sigma / 2), from this minibatch
+        # The thermostat starts at its equilibrium under isotropic gradient noise
+        # (equilibrium_friction), from this minibatch
         # (_initial_state averages 16): from xi = A it would take about mu / (h tr Sigma)
         # time units to get there. (A one-row minibatch has no estimate: xi = A, Ding et
         # al.'s start.)
         force, sigma = self.target.force_and_noise(theta, indices, optional=True)
-        xi = self.friction + h * sigma.trace() / (2.0 * self.dim)
+        xi = equilibrium_friction(self.friction, h, sigma.trace(), self.dim)
         return {"force": force, "thermostat": xi}
 
     def _initial_state(self, theta):
