@@ -581,6 +581,37 @@ def test_a_far_start_whose_kernel_is_kept_is_reported(factory, anchored):
                 assert not [m for m in messages if "thin was capped" in m], messages
 
 
+@pytest.mark.parametrize("factory", [SGLD, NOGIN], ids=["SGLD", "NOGIN"])
+def test_a_far_start_whose_way_in_the_draws_keep_is_reported(factory):
+    # With a given step size and tune below 20 nothing is chosen at the start, but the draws
+    # begin there and include the chain's way in: NOGIN at the benchmarks' h from w = 0 on a
+    # logistic regression of 10^6 rows ended 9.2 posterior sd off, still on its way, with no
+    # warning. Here from w = 0, about 160 posterior sd out, 400 steps small enough for the
+    # gradient noise check to stay silent leave the draws' means 110-190 sd off, and the
+    # check (after the first block of 100 steps) says so; from the posterior mean, at the
+    # same step size, it says nothing.
+    problem = GaussianRegression.make(n_obs=10_000, dim=3, batch_size=20)
+    sd = np.sqrt(np.diag(problem.cov))
+    with problem.model():
+        for initvals, warned in ((None, True), ({"w": problem.mean}, False)):
+            step = factory(step_size=3e-8 if factory is SGLD else 1e-4, block_steps=100)
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always")
+                idata = pm.sample(
+                    draws=400, tune=0, step=step, chains=1, random_seed=3, initvals=initvals,
+                    **SAMPLE_KWARGS,
+                )  # fmt: skip
+            messages = [str(w.message) for w in caught]
+            far = [m for m in messages if "the chain starts about" in m]
+            assert len(far) == int(warned), messages
+            error = np.abs(posterior_draws(idata, "w").mean(axis=0) - problem.mean) / sd
+            if warned:
+                assert "include its way in" in far[0]
+                assert error.max() > 10, error  # what the warning is about
+            else:
+                assert error.max() < 10, error
+
+
 def test_an_anchor_at_a_posterior_draw_of_a_correlated_posterior_is_not_reported():
     # After tuning the anchor sits where the chain was, a posterior draw. Its distance is
     # the Newton step F_i / sqrt(H_ii), of unit variance there; with the posterior's
