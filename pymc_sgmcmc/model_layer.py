@@ -871,6 +871,33 @@ class SGModel:
         diagonal = sum(w * np.sum(b * b, axis=0) for w, b in zip(weights, blocks, strict=True))
         return NoiseMoments(largest, diagonal)
 
+    def noise_third_moment(
+        self,
+        theta: np.ndarray,
+        preconditioner: Preconditioner,
+        rng: np.random.Generator,
+        batches: int = NOISE_BATCHES,
+        anchor: np.ndarray | None = None,
+    ) -> tuple[np.ndarray, np.ndarray] | None:
+        """c3_j = sum_k Cov(Sigma-hat_jk, eta_k), the covariance of the same minibatch's noise
+        estimate with the force's noise eta, in the preconditioned coordinates, and its
+        standard error: (N^3 / n^2) E[d_j |d|^2] over the unscaled per-observation gradients d,
+        that is n E[r_j |r|^2] over the N/n-scaled rows r of ``batches`` pooled minibatches,
+        each centred on its own mean (the guide's "The same-minibatch estimate shifts the
+        mean"). None without ``pm.Minibatch``. ``anchor``: as for :meth:`gradient_noise`."""
+        _, rows_fn = self._geometry_functions
+        if rows_fn is None:
+            return None
+        fits = NOISE_VALUES_BUDGET // (self.batch_size * self.dim)
+        terms = []
+        for ix in self._batch_indices(rng, max(1, min(batches, fits))):
+            rows = preconditioner.pull_back(self._noise_rows(theta, ix, anchor))
+            rows = rows - rows.mean(axis=0)
+            terms.append(rows * np.sum(rows * rows, axis=1, keepdims=True))
+        terms = np.concatenate(terms)
+        n = self.batch_size
+        return n * terms.mean(axis=0), n * terms.std(axis=0, ddof=1) / np.sqrt(len(terms))
+
     def _noise_rows(self, theta: np.ndarray, ix, anchor: np.ndarray | None) -> np.ndarray:
         """The rows whose spread is the force's noise: g_i(theta), or g_i(theta) - g_i(anchor)
         with control variates (each scaled by N/n)."""

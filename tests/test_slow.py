@@ -7,7 +7,7 @@ import numpy as np
 import pymc as pm
 import pytest
 from checks import Z_TOLERANCE
-from models import censored_student_t
+from models import censored_student_t, skewed_logistic
 
 from pymc_sgmcmc import SGLD, SGNHT
 
@@ -142,40 +142,6 @@ def test_nogin_estimated_sigma_inflates_variance_as_batches_shrink():
         assert np.all(check.var_z > 1) and check.var_errors.min() > Z_TOLERANCE, check.describe()
     se = np.hypot(*(np.sqrt(2 / c.ess_var) * c.var_z for c in checks.values()))
     assert np.all(checks[20].var_z - checks[100].var_z > Z_TOLERANCE * se)
-
-
-def skewed_logistic(n_obs=10_000, dim=10, batch_size=100, seed=5):
-    """Logistic regression whose per-observation gradients (y - p) x are skewed; N / n = 100.
-    Returns the minibatch model, the full-data model, the full-data MAP, its Laplace
-    covariance and the first-order shift constant c3 = (N^3 / n^2) E[d |d|^2] of the centred
-    per-observation gradients d."""
-    rng = np.random.default_rng(seed)
-    X = rng.standard_normal((n_obs, dim))
-    y = (rng.random(n_obs) < 1 / (1 + np.exp(-X @ rng.standard_normal(dim)))).astype(float)
-    w = np.zeros(dim)
-    for _ in range(30):  # Newton on the log-posterior (prior N(0, 10^2))
-        p = 1 / (1 + np.exp(-X @ w))
-        hessian = (X * (p * (1 - p))[:, None]).T @ X + np.eye(dim) / 100
-        w += np.linalg.solve(hessian, X.T @ (y - p) - w / 100)
-    d = X * (y - 1 / (1 + np.exp(-X @ w)))[:, None]
-    d -= d.mean(axis=0)
-    c3 = n_obs**3 / batch_size**2 * np.mean(d * np.sum(d**2, axis=1, keepdims=True), axis=0)
-    models = []
-    for minibatch in (True, False):
-        with pm.Model() as model:
-            if minibatch:
-                X_obs, y_obs = pm.Minibatch(X, y, batch_size=batch_size)
-            else:
-                X_obs, y_obs = X, y
-            weights = pm.Normal("w", 0, 10, shape=dim)
-            pm.Bernoulli(
-                "y",
-                logit_p=X_obs @ weights,
-                observed=y_obs,
-                total_size=n_obs if minibatch else None,
-            )
-        models.append(model)
-    return *models, w, np.linalg.inv(hessian), c3
 
 
 def mean_and_se(draws: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

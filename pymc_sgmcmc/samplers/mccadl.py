@@ -244,6 +244,14 @@ class MCCAdL(Thermostatted):
         super().__init__(vars, **kwargs)
         self._set_thermostat_mass(thermostat_mass)
 
+    def same_minibatch_shift_share(self) -> float | None:
+        """The C step damps the whole kick with Sigma-hat: all of the shift; the diagonal
+        estimate carries only the small part of c3 on the diagonal (not checked)."""
+        same = self.noise_minibatch == "same" and not self.averages_noise
+        if not same or self.covariance == "diag":
+            return None
+        return 1.0 - self.shrinkage
+
     @property
     def _average_form(self) -> str:
         return "diag" if self.covariance == "diag" else "full"

@@ -237,6 +237,14 @@ class NOGIN(SGMCMC):
             # Said when the step is built, not at the first block inside pm.sample.
             self.sg_model.check_exact_noise_covariance()
 
+    def same_minibatch_shift_share(self) -> float | None:
+        """NOGIN's damping sees half the kick: half of mCCAdL's shift. The exact Sigma
+        (a testing device) has no correlation with the force's noise."""
+        same = self.noise_minibatch == "same" and not self.averages_noise
+        if not same or self.noise_covariance == "exact":
+            return None
+        return 0.5 * (1.0 - self.shrinkage)
+
     def initial_auxiliary(self, rng):
         return {"momentum": rng.standard_normal(self.dim), **self.noise_average_state("full")}
 
