@@ -1815,9 +1815,8 @@ class SGMCMC(ArrayStepShared):
         estimate's own noise, which is then subtracted from its mean square: a symmetric
         likelihood (c3 = 0) stays silent. It over-states the shift where the damping
         saturates (h^2 lambda_max(Sigma) / 2 near 1 and above: 0.82 and 0.46 of it measured
-        at 0.53 and 1.5). Up to
-        ``adaptation.DENSE_MAX_DIM`` coordinates, and where that Hessian is positive
-        definite."""
+        at 0.53 and 1.5). Up to ``adaptation.DENSE_MAX_DIM`` coordinates, and where that
+        Hessian is positive definite."""
         share = self.same_minibatch_shift_share()
         if not share or self.dim > DENSE_MAX_DIM:
             return
