@@ -737,10 +737,10 @@ class SGMCMC(ArrayStepShared):
 
     def same_minibatch_shift_share(self) -> float | None:
         """The share of the mean shift -(h^2 / 2) C c3 that the noise damping applies when it
-        estimates Sigma from the force's own rows (:meth:`force_and_noise`): 1 for mCCAdL's
-        C step, 1/2 for NOGIN's damping, which sees half the kick; None where no such
-        estimate is used, or an average of it (which dilutes the correlation by an amount
-        the first-order formula does not give). For the user step-size check."""
+        estimates Sigma from the force's own rows (:meth:`force_and_noise`) at every step: 1
+        for mCCAdL's C step, 1/2 for NOGIN's damping, which sees half the kick; None where
+        the integrator damps with no such estimate. For the user step-size check
+        (:meth:`_check_same_minibatch_shift`)."""
         return None
 
     def noise_warning(self, low: float, high: float, noise: NoiseMoments) -> str:
@@ -1808,8 +1808,10 @@ class SGMCMC(ArrayStepShared):
         shift the posterior means by more than :data:`SAME_MINIBATCH_SHIFT_WARNING` posterior
         sd: mCCAdL at h = 1.2e-3 on the benchmarks' logistic regression P3 (N / n = 100)
         drew its means 2.7 sd off (NOGIN 1.35), with no warning. The shift is the first-order
-        delta = -s (h^2 / 2) C c3 (``s``: :meth:`same_minibatch_shift_share`), with c3 from
-        the third moment of 16 pooled minibatches' per-observation gradients
+        delta = -s (h^2 / 2) C c3 (``s``: :meth:`same_minibatch_shift_share` times the
+        shrinkage's 1 - rho; not checked with independent rows, nor with an average of the
+        estimate, which dilutes the correlation by an amount this formula does not give),
+        with c3 from the third moment of 16 pooled minibatches' per-observation gradients
         (:meth:`SGModel.noise_third_moment`) and C the inverse of the Hessian at ``theta``
         from 4 minibatches, both in the sampler's coordinates. It must stand out of the
         estimate's own noise, which is then subtracted from its mean square: a symmetric
@@ -1818,8 +1820,10 @@ class SGMCMC(ArrayStepShared):
         at 0.53 and 1.5). Up to ``adaptation.DENSE_MAX_DIM`` coordinates, and where that
         Hessian is positive definite."""
         share = self.same_minibatch_shift_share()
-        if not share or self.dim > DENSE_MAX_DIM:
+        same = self.noise_minibatch == "same" and not self.averages_noise
+        if not (share and same) or self.dim > DENSE_MAX_DIM:
             return
+        share *= 1.0 - self.shrinkage
         moment = self.sg_model.noise_third_moment(
             theta, self.preconditioner, rng, anchor=self._geometry_anchor
         )

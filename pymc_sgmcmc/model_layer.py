@@ -844,24 +844,9 @@ class SGModel:
         the noise is that of the control-variate force (the spread of g_i(theta) -
         g_i(anchor)).
         """
-        _, rows_fn = self._geometry_functions
-        if rows_fn is None:
+        blocks = self._centred_noise_rows(points, preconditioner, rng, batches, anchor)
+        if blocks is None:
             return NoiseMoments(0.0, np.zeros(self.dim))
-        fits = NOISE_VALUES_BUDGET // (self.batch_size * self.dim)
-        per_point = max(1, min(batches, fits) // len(points))
-        if self.batch_size == 1:
-            per_point = max(per_point, 2)
-        blocks = []
-        for theta in points:
-            rows = [
-                preconditioner.pull_back(self._noise_rows(theta, ix, anchor))
-                for ix in self._batch_indices(rng, per_point)
-            ]
-            if self.batch_size == 1:
-                # One row per minibatch has no spread of its own: Sigma of a one-row minibatch
-                # is the covariance of single (N-scaled) rows, estimated from the point's rows.
-                rows = [np.concatenate(rows)]
-            blocks += [r - r.mean(axis=0) for r in rows]
         weights = [self.batch_size / (len(b) - 1.0) / len(blocks) for b in blocks]
 
         def sigma(v):
@@ -885,18 +870,44 @@ class SGModel:
         that is n E[r_j |r|^2] over the N/n-scaled rows r of ``batches`` pooled minibatches,
         each centred on its own mean (the guide's "The same-minibatch estimate shifts the
         mean"). None without ``pm.Minibatch``. ``anchor``: as for :meth:`gradient_noise`."""
+        blocks = self._centred_noise_rows([theta], preconditioner, rng, batches, anchor)
+        if blocks is None:
+            return None
+        terms = np.concatenate([b * np.sum(b * b, axis=1, keepdims=True) for b in blocks])
+        n = self.batch_size
+        return n * terms.mean(axis=0), n * terms.std(axis=0, ddof=1) / np.sqrt(len(terms))
+
+    def _centred_noise_rows(
+        self,
+        points: Sequence[np.ndarray],
+        preconditioner: Preconditioner,
+        rng: np.random.Generator,
+        batches: int,
+        anchor: np.ndarray | None,
+    ) -> list[np.ndarray] | None:
+        """The noise's rows (:meth:`_noise_rows`) of ``batches`` minibatches spread evenly
+        over ``points`` (as many as :data:`NOISE_VALUES_BUDGET` holds, at least one per
+        point), in the preconditioned coordinates, each minibatch centred on its own mean;
+        None without ``pm.Minibatch``."""
         _, rows_fn = self._geometry_functions
         if rows_fn is None:
             return None
         fits = NOISE_VALUES_BUDGET // (self.batch_size * self.dim)
-        terms = []
-        for ix in self._batch_indices(rng, max(1, min(batches, fits))):
-            rows = preconditioner.pull_back(self._noise_rows(theta, ix, anchor))
-            rows = rows - rows.mean(axis=0)
-            terms.append(rows * np.sum(rows * rows, axis=1, keepdims=True))
-        terms = np.concatenate(terms)
-        n = self.batch_size
-        return n * terms.mean(axis=0), n * terms.std(axis=0, ddof=1) / np.sqrt(len(terms))
+        per_point = max(1, min(batches, fits) // len(points))
+        if self.batch_size == 1:
+            per_point = max(per_point, 2)
+        blocks = []
+        for theta in points:
+            rows = [
+                preconditioner.pull_back(self._noise_rows(theta, ix, anchor))
+                for ix in self._batch_indices(rng, per_point)
+            ]
+            if self.batch_size == 1:
+                # One row per minibatch has no spread of its own: its moments are those of
+                # single (N-scaled) rows, estimated from the point's rows together.
+                rows = [np.concatenate(rows)]
+            blocks += [r - r.mean(axis=0) for r in rows]
+        return blocks
 
     def _noise_rows(self, theta: np.ndarray, ix, anchor: np.ndarray | None) -> np.ndarray:
         """The rows whose spread is the force's noise: g_i(theta), or g_i(theta) - g_i(anchor)

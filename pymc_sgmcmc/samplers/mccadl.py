@@ -247,10 +247,7 @@ class MCCAdL(Thermostatted):
     def same_minibatch_shift_share(self) -> float | None:
         """The C step damps the whole kick with Sigma-hat: all of the shift; the diagonal
         estimate carries only the small part of c3 on the diagonal (not checked)."""
-        same = self.noise_minibatch == "same" and not self.averages_noise
-        if not same or self.covariance == "diag":
-            return None
-        return 1.0 - self.shrinkage
+        return None if self.covariance == "diag" else 1.0
 
     @property
     def _average_form(self) -> str:

@@ -240,10 +240,7 @@ class NOGIN(SGMCMC):
     def same_minibatch_shift_share(self) -> float | None:
         """NOGIN's damping sees half the kick: half of mCCAdL's shift. The exact Sigma
         (a testing device) has no correlation with the force's noise."""
-        same = self.noise_minibatch == "same" and not self.averages_noise
-        if not same or self.noise_covariance == "exact":
-            return None
-        return 0.5 * (1.0 - self.shrinkage)
+        return None if self.noise_covariance == "exact" else 0.5
 
     def initial_auxiliary(self, rng):
         return {"momentum": rng.standard_normal(self.dim), **self.noise_average_state("full")}
