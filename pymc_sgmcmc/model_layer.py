@@ -1706,7 +1706,7 @@ class ControlVariate:
 class Preconditioner:
     """The sampler's coordinates phi: theta = R (s * phi), with s = ``scale`` (a diagonal
     preconditioner) and, when the posterior correlates its coordinates too strongly for a
-    diagonal one, R = ``rotation``, a lower-triangular matrix (a dense preconditioner:
+    diagonal one, R = ``rotation``, a D x D matrix (a dense preconditioner:
     mass matrix M = (R S)^-T (R S)^-1). The entries are NumPy arrays on the host, or the
     compiled functions' symbolic inputs: the same expressions serve both.
 
