@@ -698,11 +698,11 @@ def test_a_posterior_whose_hessian_is_singular_gets_a_dense_preconditioner_from_
     # The Hessian has a zero eigenvalue (and the prior scale a negative one), so no factor of
     # it exists; the window's draws measure the curvature along its eigen-directions. Under
     # the diagonal preconditioner SGLD drew this posterior 0.36 NUTS sd off at a bulk ESS of
-    # 5, with a capped thin and a drift warning, and NOGIN at an ESS of 29. Every mean must be
-    # within 4 Monte Carlo errors of NUTS's (both runs' errors: the largest of 10 |z| exceeds
-    # 4 about once in 1,600 runs), every sd within 20 % (about 5 standard errors at the ESS
-    # floor), at a bulk ESS of at least 100 (measured 105-284): a chain that hardly moves has
-    # errors wide enough to pass the means.
+    # 5, with a capped thin and a drift warning, and NOGIN at an ESS of 29. Every mean and sd
+    # must be within 4 Monte Carlo errors of NUTS's (both runs' errors: the largest of 10
+    # |z| exceeds 4 about once in 1,600 runs), at a bulk ESS of at least 100 (measured
+    # 105-284): a chain that hardly moves has errors wide enough to pass, and the diagonal
+    # preconditioner's runs fail there.
     with one_hot_logistic(), warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         idata = pm.sample(
@@ -713,11 +713,13 @@ def test_a_posterior_whose_hessian_is_singular_gets_a_dense_preconditioner_from_
     ours = draws_of(idata)
     ess = np.asarray(az.ess(ours))
     assert ess.min() >= 100, ess
-    error = np.hypot(np.asarray(az.mcse(ours)), np.asarray(az.mcse(one_hot_nuts)))
-    z = (ours.mean(axis=(0, 1)) - one_hot_nuts.mean(axis=(0, 1))) / error
-    assert np.abs(z).max() < 4.0, z
-    ratio = ours.std(axis=(0, 1)) / one_hot_nuts.std(axis=(0, 1))
-    assert np.all(np.abs(ratio - 1.0) < 0.2), ratio
+    for moment, method in ((np.mean, "mean"), (np.std, "sd")):
+        error = np.hypot(
+            np.asarray(az.mcse(ours, method=method)),
+            np.asarray(az.mcse(one_hot_nuts, method=method)),
+        )
+        z = (moment(ours, axis=(0, 1)) - moment(one_hot_nuts, axis=(0, 1))) / error
+        assert np.abs(z).max() < 4.0, (method, z)
 
 
 def test_adapt_preconditioner_takes_booleans_of_any_type_and_diag():
