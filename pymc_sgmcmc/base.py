@@ -1406,7 +1406,8 @@ class SGMCMC(ArrayStepShared):
         better = np.isfinite(dense_condition) and dense_condition * needed <= diagonal_condition
         if better and measured:
             dense_steps = Preconditioner(np.ones(self.dim), dense)
-            better = self._steps_further(dense_steps, diagonal, rng, needed)
+            points = self.recent or [theta]
+            better = self._steps_further(dense_steps, diagonal, points, rng, needed)
         if better:
             if fit:  # a new rotation (else the current one is kept)
                 self.rotation, self.scale = dense, np.ones(self.dim)
@@ -1417,20 +1418,21 @@ class SGMCMC(ArrayStepShared):
         self,
         dense: Preconditioner,
         diagonal: np.ndarray,
+        points: list[np.ndarray],
         rng: np.random.Generator,
         needed: float,
     ) -> bool:
-        """Whether the step-size rule takes a step at least ``needed`` times as long under
-        ``dense`` as under the diagonal preconditioner of scales ``diagonal`` (both in units
-        of the draws' spreads): the check of a dense preconditioner fitted to a measured
-        curvature. The conditioning compared before it is that of the draws' spreads along
-        the Hessian's eigen-directions, and where those directions are wrong the posterior
-        is not conditioned as the spreads say. A Laplace likelihood's Hessian has no
+        """Whether the step-size rule, at ``points``, takes a step at least ``needed`` times
+        as long under ``dense`` as under the diagonal preconditioner of scales ``diagonal``
+        (both in units of the draws' spreads): the check of a dense preconditioner fitted to
+        a measured curvature. The conditioning compared before it is that of the draws'
+        spreads along the Hessian's eigen-directions, and where those directions are wrong
+        the posterior is not conditioned as the spreads say. A Laplace likelihood's Hessian has no
         curvature in its location and large cross terms with its scale, eigenvalues of both
-        signs: a factor fitted along them made the largest curvature 244 in its coordinates
-        (1.4 in the diagonal ones) and SGNHT's step size 4e-7 against 2e-3."""
+        signs: a factor fitted along them at the last slow window took SGNHT's kept step
+        size to 4e-7, against 2e-3 under the diagonal scales, and capped its ``thin``."""
         steps = [
-            self._step_size_under(candidate, rng, "tuning")
+            self._step_size_under(candidate, points, rng, "tuning")
             for candidate in (dense, Preconditioner(diagonal))
         ]
         return steps[0] >= needed * steps[1]
@@ -1694,11 +1696,15 @@ class SGMCMC(ArrayStepShared):
         return step_size
 
     def _step_size_under(
-        self, preconditioner: Preconditioner, rng: np.random.Generator, phase: str
+        self,
+        preconditioner: Preconditioner,
+        points: list[np.ndarray],
+        rng: np.random.Generator,
+        phase: str,
     ) -> float:
-        """The step size the rule would take under ``preconditioner`` at the last few tuning
-        draws (0 where the curvature is not finite and positive there)."""
-        curvature, noise = self._geometry(self.recent, preconditioner, rng)
+        """The step size the rule would take under ``preconditioner`` at ``points`` (0 where
+        the curvature is not finite and positive there)."""
+        curvature, noise = self._geometry(points, preconditioner, rng)
         if not np.isfinite(curvature) or curvature <= 0:
             return 0.0
         return self.adapted_step_size(curvature, noise, phase)
