@@ -1368,7 +1368,8 @@ class SGMCMC(ArrayStepShared):
         sampler under the diagonal preconditioner, however long the tuning.
 
         Where a Hessian is not positive definite, the draws of the window measure the
-        curvature along its eigen-directions (:meth:`_posterior_curvature`), and the factor
+        curvature along its eigen-directions (:meth:`_window_covariance`,
+        :func:`_posterior_curvature`), and the factor
         of that measured curvature (which holds the window's spreads) is refitted at every
         slow window, kept only where it conditions both measured curvatures better than the
         current factor and the diagonal scales, and where the step-size rule takes a step
@@ -1380,8 +1381,9 @@ class SGMCMC(ArrayStepShared):
             return
         rng = self.rng.spawn(1)[0]
         current = self.preconditioner.matrix()  # R S, theta = R S phi
+        window = self._window_covariance()
         hessian = np.mean(self._curvature_at(theta, rng), axis=0)
-        last, measured = self._posterior_curvature(hessian)
+        last, measured = _posterior_curvature(hessian, current, window)
         in_phi = current.T @ last @ current
         if measured:  # refitted at every window: it holds the window's spreads
             fit = True
@@ -1396,11 +1398,12 @@ class SGMCMC(ArrayStepShared):
         else:
             return
         hessian = self.sg_model.curvature_matrix(self.window_start, rng)
-        first, _ = self._posterior_curvature(hessian)
+        first, _ = _posterior_curvature(hessian, current, window)
         dense_condition = _condition_number(dense, first, last)
-        if measured and self.dense and _condition_number(current, first, last) < dense_condition:
-            dense, fit = current, False
-            dense_condition = _condition_number(dense, first, last)
+        if measured and self.dense:
+            kept = _condition_number(current, first, last)
+            if kept < dense_condition:
+                dense, fit, dense_condition = current, False, kept
         diagonal_condition = _condition_number(np.diag(diagonal), first, last)
         needed = 1.0 if self.dense else ROTATION_GAIN
         better = np.isfinite(dense_condition) and dense_condition * needed <= diagonal_condition
@@ -1437,19 +1440,13 @@ class SGMCMC(ArrayStepShared):
         ]
         return steps[0] >= needed * steps[1]
 
-    def _posterior_curvature(self, hessian: np.ndarray) -> tuple[np.ndarray, bool]:
-        """The curvature for the choice of rotation, and whether the draws measured it:
-        ``hessian`` itself where it is positive definite, else the curvature that the
-        window's draws measure along its eigen-directions in the current coordinates
-        (``adaptation.measured_curvature``). Not at the first slow window, whose draws
-        follow the initial interval and may still be travelling: a factor fitted there on
-        a Laplace regression (its scale still 20 posterior sd from its posterior) left one
-        SGNHT chain's scale 6.1 posterior sd off, where the diagonal preconditioner drew it
-        within 0.03."""
-        window = self.window.covariance() if self.slow_windows > 0 else None
-        if window is None or is_positive_definite(hessian):
-            return hessian, False
-        return measured_curvature(hessian, self.preconditioner.matrix(), *window), True
+    def _window_covariance(self) -> tuple[np.ndarray, int] | None:
+        """The window's draws' covariance and count, for :func:`_posterior_curvature`; None
+        at the first slow window, whose draws follow the initial interval and may still be
+        travelling: a factor fitted there on a Laplace regression (its scale still 20
+        posterior sd from its posterior) left one SGNHT chain's scale 6.1 posterior sd off,
+        where the diagonal preconditioner drew it within 0.03."""
+        return self.window.covariance() if self.slow_windows > 0 else None
 
     def _curvature_at(
         self, theta: np.ndarray, rng: np.random.Generator | None = None
@@ -2274,6 +2271,19 @@ def _correlation_condition(precision: np.ndarray) -> float:
     inverse_sd = 1.0 / np.sqrt(np.diag(precision))
     eigenvalues = np.linalg.eigvalsh(precision * np.outer(inverse_sd, inverse_sd))
     return float(eigenvalues[-1] / eigenvalues[0]) if eigenvalues[0] > 0 else 0.0
+
+
+def _posterior_curvature(
+    hessian: np.ndarray, coordinates: np.ndarray, window: tuple[np.ndarray, int] | None
+) -> tuple[np.ndarray, bool]:
+    """The curvature for the choice of rotation, and whether the draws measured it:
+    ``hessian`` itself where it is positive definite (or without a ``window``), else the
+    curvature that the window's draws (covariance and count) measure along its
+    eigen-directions in the coordinates phi of theta = ``coordinates`` phi
+    (``adaptation.measured_curvature``)."""
+    if window is None or is_positive_definite(hessian):
+        return hessian, False
+    return measured_curvature(hessian, coordinates, *window), True
 
 
 def _inverse_square_root(matrix: np.ndarray, cholesky: bool) -> np.ndarray:
