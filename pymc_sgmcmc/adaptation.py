@@ -239,16 +239,18 @@ class WindowVariance:
         window cannot collapse one scale, and an unscaled start (all ones) is not a target.
         The coordinates of ``keep`` (those that drifted over the window: their spread there
         is the distance travelled, not the posterior's width) keep their previous scales."""
-        whole = self.halves[0].merged(self.halves[1])
-        if whole.count < 2:
-            return previous
-        variance = whole.m2 / (whole.count - 1)
-        if not np.all(np.isfinite(variance)) or np.max(variance) <= 0:
+        variance = self.variances()
+        if variance is None or not np.all(np.isfinite(variance)) or np.max(variance) <= 0:
             return previous
         target = previous**2 * np.median(variance / previous**2)
-        weight = whole.count / (whole.count + PRIOR_DRAWS)
+        weight = self.count / (self.count + PRIOR_DRAWS)
         scale = np.sqrt(weight * variance + (1.0 - weight) * target)
         return scale if keep is None else np.where(keep, previous, scale)
+
+    def variances(self) -> np.ndarray | None:
+        """The variances of the window's draws (None with fewer than 2)."""
+        whole = self.halves[0].merged(self.halves[1])
+        return whole.m2 / (whole.count - 1) if whole.count >= 2 else None
 
 
 def measured_curvature(

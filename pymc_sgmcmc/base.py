@@ -1101,6 +1101,8 @@ class SGMCMC(ArrayStepShared):
         self.rotation = None  # a dense preconditioner's (:meth:`_choose_rotation`)
         # Coordinates whose scale a window's spread has set (not the start's curvature).
         self.scale_measured = np.zeros(self.dim, dtype=bool)
+        # The marginal sds in theta that the last slow window measured (None before one).
+        self.measured_widths: np.ndarray | None = None
         self.shrinkage = 0.0 if self.noise_shrinkage in (None, "auto") else self.noise_shrinkage
         self.shrinkage_due = True
         self.thin = 1 if self.user_thin is None else self.user_thin
@@ -1311,6 +1313,7 @@ class SGMCMC(ArrayStepShared):
             # posterior's width. A user's fixed step size is the step in the widest coordinate
             # (scales normalised to a largest value of 1): every other coordinate only becomes
             # easier to integrate.
+            self.measured_widths = diagonal
             self.scale = scale if self.adapts_step_size else scale / np.max(scale)
             if self.may_rotate and self.adapts_step_size:
                 self._choose_rotation(theta, diagonal)
@@ -1517,7 +1520,14 @@ class SGMCMC(ArrayStepShared):
         where H_ii is the prior's alone. A Laplace regression's coefficients, their spread
         measured at 0.06-0.3 and drifting in a later window, were widened back to the prior
         sd of 5: the gradient noise in those coordinates then set the step size at 1.6e-8
-        (against 2e-3) and the chain stayed where it was (s 0.895 against 0.714)."""
+        (against 2e-3) and the chain stayed where it was (s 0.895 against 0.714).
+
+        Nor is a scale widened beyond the coordinate's spread over the window, the distance
+        it travelled: where H_ii is almost zero at the draw, its inverse square root is no
+        width. On the main example's model (a9a, a Laplace prior) with control variates, a
+        rare one-hot level's weight drifted far into its rows' logistic tails (H_ii about
+        1e-24), its scale went from 21 to 9e11, NOGIN's step size to 8e-8 and then 1e-13,
+        and the draws' sds came out up to 175,000 times NUTS's."""
         coordinates = np.flatnonzero(drifting)
         if len(coordinates) > EXACT_CURVATURE_DIM:
             # Hutchinson's estimate of each entry is too noisy to widen a scale by.
@@ -1525,7 +1535,11 @@ class SGMCMC(ArrayStepShared):
         entries = self.sg_model.curvature_entries(theta, self.rng, coordinates)
         usable = np.isfinite(entries) & (entries > 0)
         widened, coordinates = scale.copy(), coordinates[usable]
-        widened[coordinates] = np.maximum(scale[coordinates], 1.0 / np.sqrt(entries[usable]))
+        width = 1.0 / np.sqrt(entries[usable])
+        # No wider than the distance travelled (the window's spread): a coordinate with
+        # almost no curvature at the draw is not that wide.
+        width = np.minimum(width, np.sqrt(self.window.variances()[coordinates]))
+        widened[coordinates] = np.maximum(scale[coordinates], width)
         return widened
 
     def _new_window(self) -> WindowVariance:
@@ -1773,6 +1787,10 @@ class SGMCMC(ArrayStepShared):
         (H Sigma H)_ii = H_ii). Not the posterior's marginal sd times F_i: its variance,
         Sigma_ii H_ii, grows with the correlations (about 20 at rho = 0.95), and an anchor at
         a posterior draw of a logistic regression with such covariates was reported 3.2-3.7
+        sd out. After a slow window, the marginal sds it measured bound H_ii^(-1/2) (for a
+        Gaussian it is at most that), which is no width where H_ii is almost zero: a Laplace
+        prior off its kink, a rare one-hot level far in its rows' logistic tails. The main
+        example's model with control variates had its anchor, a tuning draw, reported 7e7
         sd out."""
         anchored = case == "anchor" or (case == "kernel" and self.control_variates)
         force = self.anchor_force if anchored else self.sg_model.exact_force(theta)
@@ -1780,6 +1798,8 @@ class SGMCMC(ArrayStepShared):
         scale = self._curvature_scale(theta, rng)
         if force is None or scale is None:
             return
+        if self.measured_widths is not None:
+            scale = np.minimum(scale, self.measured_widths)
         distance = float(np.sqrt(np.mean((scale * force) ** 2)))
         if not np.isfinite(distance) or distance <= FAR_FROM_MODE_WARNING:
             return
@@ -2280,8 +2300,11 @@ def _posterior_curvature(
     ``hessian`` itself where it is positive definite (or without a ``window``), else the
     curvature that the window's draws (covariance and count) measure along its
     eigen-directions in the coordinates phi of theta = ``coordinates`` phi
-    (``adaptation.measured_curvature``)."""
+    (``adaptation.measured_curvature``). Non-finite entries (a window that ran away) measure
+    nothing: ``hessian`` is returned, and no rotation is fitted to it."""
     if window is None or is_positive_definite(hessian):
+        return hessian, False
+    if not all(np.all(np.isfinite(m)) for m in (hessian, coordinates, window[0])):
         return hessian, False
     return measured_curvature(hessian, coordinates, *window), True
 

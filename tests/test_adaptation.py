@@ -31,7 +31,7 @@ from pymc_sgmcmc.adaptation import (
     measured_curvature,
     strong_correlations,
 )
-from pymc_sgmcmc.base import MAX_THIN, THIN_CAP_WARNING
+from pymc_sgmcmc.base import MAX_THIN, THIN_CAP_WARNING, _posterior_curvature
 from pymc_sgmcmc.model_layer import NoiseMoments
 
 SAMPLE_KWARGS = dict(progressbar=False, compute_convergence_checks=False)
@@ -105,6 +105,25 @@ def ar1_draws(rng, draws, dim, rho=0.3679):
     for t in range(1, draws):
         x[t] = rho * x[t - 1] + np.sqrt(1 - rho**2) * rng.standard_normal(dim)
     return x
+
+
+@pytest.mark.parametrize("broken", ["hessian", "coordinates", "window"])
+def test_a_curvature_with_non_finite_entries_measures_nothing(broken):
+    # A window whose chain ran away leaves non-finite entries in its Hessian, the current
+    # preconditioner or its draws' covariance; measuring the curvature from them raised
+    # LinAlgError out of pm.sample (NOGIN with control variates on a logistic regression
+    # with a rare one-hot level). They measure nothing, and no rotation is fitted.
+    hessian = np.array([[1.0, 0.0], [0.0, -1.0]])  # not positive definite: measured if finite
+    inputs = {"hessian": hessian, "coordinates": np.eye(2), "window": np.eye(2)}
+    curvature, measured = _posterior_curvature(
+        inputs["hessian"], inputs["coordinates"], (inputs["window"], 10)
+    )
+    assert measured
+    inputs[broken] = np.where(np.eye(2) > 0, np.nan, inputs[broken])
+    curvature, measured = _posterior_curvature(
+        inputs["hessian"], inputs["coordinates"], (inputs["window"], 10)
+    )
+    assert not measured and curvature is inputs["hessian"]
 
 
 def test_window_halves_give_the_whole_windows_variance_and_spot_a_travelling_chain():
@@ -278,6 +297,31 @@ def test_a_likelihood_without_curvature_keeps_the_scales_its_windows_measured():
             )
     z = (idata.posterior["s"].values.mean(axis=1) - s_hat) / posterior_sd
     assert np.all(np.abs(z) < 1.0), z
+
+
+def test_a_drifting_coordinate_is_widened_no_further_than_it_travelled(monkeypatch):
+    # 1/sqrt(H_ii) is no width where H_ii is almost zero at the window's last draw. On the
+    # main example's model (a9a, a Laplace prior) with control variates, a rare one-hot
+    # level's weight drifted through the first slow windows far out in its rows' logistic
+    # tails (H_ii about 1e-24) and was widened from 1.4 to 21 and then to 9e11; NOGIN's step
+    # size fell to 8e-8 and then 1e-13, and the draws' sds came out up to 175,000 times
+    # NUTS's. The window's spread (the distance travelled) bounds the widening, and a
+    # curvature that is narrower than that spread still widens a scale set too narrow.
+    with pm.Model():
+        pm.Normal("w", 0, 1, shape=3)
+        step = SGLD()
+    step.setup_chain(np.random.default_rng(0), tune=200, draws=1)
+    window = WindowVariance(3, 100)
+    for x in np.random.default_rng(1).standard_normal((100, 3)) * [0.5, 2.0, 3.0]:
+        window.add(x)
+    step.window = window
+    curvature = np.array([1e-24, 1.0, 4.0])
+    monkeypatch.setattr(
+        step.sg_model, "curvature_entries", lambda theta, rng, coordinates: curvature[coordinates]
+    )
+    drifting = np.array([True, True, False])
+    widened = step._widen_drifting(np.full(3, 0.01), np.zeros(3), drifting)
+    np.testing.assert_allclose(widened, [np.sqrt(window.variances()[0]), 1.0, 0.01])
 
 
 def test_the_first_slow_window_does_not_sample_hot():

@@ -634,6 +634,28 @@ def test_an_anchor_at_a_posterior_draw_of_a_correlated_posterior_is_not_reported
     assert not [w for w in caught if "anchor is about" in str(w.message)]
 
 
+def test_an_anchor_where_a_coordinate_has_no_curvature_is_measured_by_the_windows_spread(
+    monkeypatch,
+):
+    # A Laplace prior has no curvature off its kink, nor has a rare one-hot level whose few
+    # rows sit far in their logistic tails: there H_ii^(-1/2) is no width, and the main
+    # example's model with control variates reported its anchor, a tuning draw, 7e7
+    # posterior sd from the mode. The marginal sd that the windows measured bounds it (for
+    # a Gaussian H_ii^(-1/2), the sd with the other coordinates held, is at most that).
+    with pm.Model():
+        pm.Normal("w", 0, 1, shape=2)
+        step = SGLD(control_variates=True)
+    step.setup_chain(np.random.default_rng(0), tune=0, draws=1)
+    step.anchor_force = np.array([1.0, 0.5])
+    monkeypatch.setattr(step, "_curvature_scale", lambda theta, rng: np.array([1e12, 1.0]))
+    for widths, warned in ((None, 1), (np.array([1.0, 2.0]), 0)):
+        step.measured_widths = widths
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            step._warn_if_far_from_mode(np.zeros(2), "anchor")
+        assert len([w for w in caught if "anchor is about" in str(w.message)]) == warned
+
+
 # --------------------------------------------------------------------------- divergences
 def test_divergence_is_flagged_and_never_returned_as_nan():
     problem = small_problem()
