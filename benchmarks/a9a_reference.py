@@ -10,9 +10,12 @@ low-rank mass matrix adaptation (``adaptation="low_rank"``) learns them, and tre
 
 Writes ``benchmarks/references/a9a_nuts.npz`` (per coordinate, prior scale first: mean, sd,
 their Monte Carlo errors, bulk ESS; and the run's settings) and
-``benchmarks/a9a_reference_results.md``, which compares the example's NOGIN draws with it.
-Needs the ``bench`` extra (nutpie). Takes about 20-35 minutes on 2 cores (the example's run:
-about 30 s); ``--compare-only`` keeps the committed reference and reruns the example alone.
+``benchmarks/a9a_reference_results.md``, which compares two runs on the minibatch model with
+it: the example's NOGIN (its given step size and ``thin``), and NOGIN with control variates
+and the step size, preconditioner and ``thin`` adapted (``NOGIN(averaging=0.1,
+averaging_interval=300, control_variates=True)``, ``tune=1000``, 2 x 2,000 draws).
+Needs the ``bench`` extra (nutpie). Takes about 20-35 minutes on 2 cores (the two runs:
+about 1-2 minutes); ``--compare-only`` keeps the committed reference and reruns the two.
 Run: ``.venv/bin/python benchmarks/a9a_reference.py [--tune 500] [--draws 1500] [--chains 2]
 [--compare-only]``.
 """
@@ -66,35 +69,87 @@ def largest_z_quantile(q: float, k: int) -> float:
     return float(norm.ppf(0.5 + 0.5 * q ** (1.0 / k)))
 
 
-def results(ref: dict, comparison: dict, nogin_s: float, nogin_ess: np.ndarray) -> list[str]:
+def adapted_with_control_variates(X: np.ndarray, y: np.ndarray):
+    """The example's model with control variates and the kernel adapted: the draws and the
+    wall time of ``pm.sample`` (compile included)."""
+    import pymc as pm
+
+    from pymc_sgmcmc import NOGIN
+
+    with example.build_model(X, y):
+        step = NOGIN(averaging=0.1, averaging_interval=300, control_variates=True)
+        start = time.perf_counter()
+        idata = pm.sample(
+            draws=2000, tune=1000, step=step, chains=2, random_seed=SEED, progressbar=False
+        )
+        return idata, time.perf_counter() - start
+
+
+#: The compared runs: a column heading and a description each.
+RUNS = {
+    "example": (
+        "the example",
+        "NOGIN, `make example`: step size 3e-3 and thin 50 given, 2 x 2,000 draws",
+    ),
+    "control_variates": (
+        "control variates, adapted",
+        "`NOGIN(averaging=0.1, averaging_interval=300, control_variates=True)`, step size, "
+        "preconditioner and thin adapted, tune = 1,000, 2 x 2,000 draws",
+    ),
+}
+
+
+def results(ref: dict, runs: dict[str, dict]) -> list[str]:
+    """The results file: the reference's run, then each of ``runs`` (keyed as :data:`RUNS`:
+    its comparison, wall time and bulk ESS) against it."""
     k = len(ref["mean"])
-    runs = f"{int(ref['chains'])} chains x ({int(ref['tune'])} tune + {int(ref['draws'])} draws)"
-    z_mean, z_sd = comparison["max_abs_z_mean"], comparison["max_abs_z_sd"]
-    ratios = [comparison[f"sd_ratio_{s}"] for s in ("min", "median", "max")]
-    return [
+    nuts_runs = (
+        f"{int(ref['chains'])} chains x ({int(ref['tune'])} tune + {int(ref['draws'])} draws)"
+    )
+    lines = [
         *report.header("NUTS reference for the main example (a9a logistic regression)"),
         "",
         f"- **NUTS** (nutpie {ref['nutpie']}, low-rank mass matrix, full data; run "
         f"{ref['date']} on {ref['machine']}, load average at its start {ref['load_average']}"
-        f"{ref.get('note', '')}): {runs}, {float(ref['compile_s']):.0f} s compile + "
+        f"{ref.get('note', '')}): {nuts_runs}, {float(ref['compile_s']):.0f} s compile + "
         f"{float(ref['sample_s']):.0f} s sampling; {int(ref['divergences'])} divergences, mean "
         f"tree depth {float(ref['mean_depth']):.2f} ({float(ref['mean_leapfrog']):.0f} leapfrog "
         f"steps per draw); bulk ESS {ref['ess_bulk'].min():.0f}-{ref['ess_bulk'].max():.0f} "
         f"over the {k} coordinates; prior scale {ref['mean'][0]:.3f} +- {ref['sd'][0]:.3f}.",
-        f"- **The example** (NOGIN, `make example`, run now): {nogin_s:.0f} s for `pm.sample`, "
-        f"compile included; bulk ESS {nogin_ess.min():.0f}-{nogin_ess.max():.0f}.",
+    ]  # fmt: skip
+    for key, run in runs.items():
+        heading, description = RUNS[key]
+        lines.append(
+            f"- **{heading.capitalize()}** ({description}; run now): {run['seconds']:.0f} s "
+            f"for `pm.sample`, compile included; bulk ESS {run['ess'].min():.0f}-"
+            f"{run['ess'].max():.0f}."
+        )
+    headings = " | ".join(RUNS[key][0] for key in runs)
+    rows = {
+        "largest \\|z\\| of a mean difference (over both Monte Carlo errors)": [
+            f"{run['comparison']['max_abs_z_mean']:.2f}" for run in runs.values()
+        ],
+        "largest \\|z\\| of an sd difference": [
+            f"{run['comparison']['max_abs_z_sd']:.2f}" for run in runs.values()
+        ],
+        "sd ratio to NUTS's: min / median / max": [
+            " / ".join(
+                f"{run['comparison'][f'sd_ratio_{s}']:.2f}" for s in ("min", "median", "max")
+            )
+            for run in runs.values()
+        ],
+    }
+    lines += [
         "",
-        f"| over the {k} coordinates (prior scale, weights) | NOGIN against NUTS |",
-        "| --- | --- |",
-        f"| largest \\|z\\| of a mean difference (over both Monte Carlo errors) | {z_mean:.2f} |",
-        f"| largest \\|z\\| of an sd difference | {z_sd:.2f} |",
-        "| sd ratio NOGIN / NUTS: min / median / max | "
-        + " / ".join(f"{r:.2f}" for r in ratios) + " |",
+        f"| over the {k} coordinates (prior scale, weights) | {headings} |",
+        "| --- |" + " --- |" * len(runs),
+        *(f"| {name} | {' | '.join(cells)} |" for name, cells in rows.items()),
         "",
         f"For two exact samplers the largest |z| over {k} independent coordinates has median "
         f"{largest_z_quantile(0.5, k):.2f} and 95th percentile {largest_z_quantile(0.95, k):.2f}"
         " (the coordinates are correlated, which lowers both).",
-    ]  # fmt: skip
+    ]
+    return lines
 
 
 def main() -> None:
@@ -114,10 +169,19 @@ def main() -> None:
         ref = nuts_reference(X, y, args.tune, args.draws, args.chains)
         example.REFERENCE.parent.mkdir(parents=True, exist_ok=True)
         np.savez(example.REFERENCE, **ref)
+    runs = {}
     idata, _, seconds = example.sample(X, y)
-    comparison = example.against_reference(idata)
-    ess = example.moments(example.coordinates(idata))["ess_bulk"]
-    report.write(results(ref, comparison, seconds, ess), HERE / "a9a_reference_results.md")
+    runs["example"] = (idata, seconds)
+    runs["control_variates"] = adapted_with_control_variates(X, y)
+    compared = {
+        key: {
+            "comparison": example.against_reference(idata),
+            "seconds": seconds,
+            "ess": example.moments(example.coordinates(idata))["ess_bulk"],
+        }
+        for key, (idata, seconds) in runs.items()
+    }
+    report.write(results(ref, compared), HERE / "a9a_reference_results.md")
 
 
 if __name__ == "__main__":
