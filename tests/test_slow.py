@@ -317,6 +317,7 @@ def test_the_main_examples_model_with_control_variates_and_adapted_kernel_matche
     assert int(idata.sample_stats["diverging"].sum()) == 0
     assert example.moments(example.coordinates(idata))["ess_bulk"].min() >= 100
     comparison = example.against_reference(idata)
+    assert comparison is not None, f"no reference at {example.REFERENCE}"
     assert comparison["max_abs_z_mean"] < EXAMPLE_Z_TOLERANCE, comparison
     low, high = EXAMPLE_SD_RATIO_BAND
     assert low < comparison["sd_ratio_median"] < high, comparison
