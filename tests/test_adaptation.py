@@ -303,8 +303,8 @@ def test_a_drifting_coordinate_is_widened_no_further_than_it_travelled(monkeypat
     # 1/sqrt(H_ii) is no width where H_ii is almost zero at the window's last draw. On the
     # main example's model (a9a, a Laplace prior) with control variates, a rare one-hot
     # level's weight drifted through the first slow windows far out in its rows' logistic
-    # tails (H_ii about 1e-24) and was widened from 1.4 to 21 and then to 9e11; NOGIN's step
-    # size fell to 8e-8 and then 1e-13, and the draws' sds came out up to 175,000 times
+    # tails (H_ii about 1e-24) and was widened to 21 and then to 9e11; NOGIN's step size
+    # fell to 8e-8 and then 1e-13, and the draws' sds came out up to 175,000 times
     # NUTS's. The window's spread (the distance travelled) bounds the widening, and a
     # curvature that is narrower than that spread still widens a scale set too narrow.
     with pm.Model():
