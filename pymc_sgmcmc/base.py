@@ -2302,9 +2302,10 @@ def _posterior_curvature(
     eigen-directions in the coordinates phi of theta = ``coordinates`` phi
     (``adaptation.measured_curvature``). Non-finite entries (a window that ran away) measure
     nothing: ``hessian`` is returned, and no rotation is fitted to it."""
-    if window is None or is_positive_definite(hessian):
-        return hessian, False
-    if not all(np.all(np.isfinite(m)) for m in (hessian, coordinates, window[0])):
+    finite = window is not None and all(
+        np.all(np.isfinite(m)) for m in (hessian, coordinates, window[0])
+    )
+    if not finite or is_positive_definite(hessian):
         return hessian, False
     return measured_curvature(hessian, coordinates, *window), True
 

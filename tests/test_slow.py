@@ -309,11 +309,7 @@ def test_the_main_examples_model_with_control_variates_and_adapted_kernel_matche
     from test_examples import load_example
 
     example = load_example("a9a_logistic_regression")
-    with example.build_model(*example.training_rows()):
-        step = NOGIN(averaging=0.1, averaging_interval=300, control_variates=True)
-        idata = pm.sample(
-            draws=2000, tune=1000, step=step, chains=2, random_seed=2011, progressbar=False
-        )
+    idata, _, _ = example.sample_with_control_variates(*example.training_rows())
     assert int(idata.sample_stats["diverging"].sum()) == 0
     assert example.moments(example.coordinates(idata))["ess_bulk"].min() >= 100
     comparison = example.against_reference(idata)
