@@ -170,6 +170,15 @@ EULER_TEMPERATURE_TOLERANCE = 0.05
 #: which a chain start whose kernel is kept, or the draws' control-variate anchor, is
 #: reported: a posterior draw is at about 1 (chi with D degrees of freedom over sqrt(D)).
 FAR_FROM_MODE_WARNING = 3.0
+#: Distance from the control variates' anchor, in posterior widths (the last slow window's
+#: spreads), beyond which a kept draw is flagged ``diverging``
+#: (:meth:`SGMCMC._flag_far_from_anchor`). The control-variate noise grows with the square of
+#: that distance, and the step size was chosen for its value at tuning draws within a few
+#: widths. Sane chains reached 4.1-6.6 widths on the four adaptation models (NOGIN, MCCAdL,
+#: SGNHT and SGLD, 2 x 3,000 draws), 4.6-8.9 on a logistic regression with a level of 10
+#: rows (2 x 500) and 7.6-11.4 on a9a (NOGIN, two seeds, 2 x 2,000; a level of 7 rows, with
+#: exponential tails, reached 9.9); a runaway MCCAdL chain, 281.
+ANCHOR_DISTANCE_LIMIT = 30.0
 #: Upper bound on the memory of one block's stored positions, to size blocks at large D.
 _BLOCK_MEMORY_BYTES = 64 * 2**20
 
@@ -210,6 +219,7 @@ class SGMCMCState(StepMethodState):
     divergences: int
     warned: bool
     far_warned: bool
+    anchor_warned: bool
     short_tune: bool
     stability_check_due: bool
     chain_state: dict | None
@@ -336,7 +346,11 @@ class SGMCMC(ArrayStepShared):
         step and a pass over the data whenever the anchor moves: to the chain's position at
         its start and at the end of every adaptation window, then fixed after tuning (pick
         enough ``tune`` for the chain to reach the posterior). Ignored without
-        ``pm.Minibatch``.
+        ``pm.Minibatch``. Kept draws more than 30 posterior widths
+        (``base.ANCHOR_DISTANCE_LIMIT``) from the anchor in some coordinate are flagged
+        ``diverging``, with a warning: the noise grows with the square of that distance,
+        and a chain gets there by running away, as on coordinates that rest on a few rows
+        (a rare level; the guide's "Large N").
     block_steps : int, default 1000
         Integrator steps compiled into one call; draws are served from the block. Only speed
         depends on it (fewer Python round trips), not the draws.
@@ -365,7 +379,9 @@ class SGMCMC(ArrayStepShared):
         draw, or makes the gradient noise it leaves uncorrected (SGLD, mSGLD, SGHMC without
         its noise estimate: all of it; SGNHT: its spread across the coordinates) put the
         draws' variance more than 15 % off in some direction there
-        (``noise_variance_factors``); when steps diverge (once, with the step size to try).
+        (``noise_variance_factors``); when steps diverge (once, with the step size to try);
+        when a kept draw with control variates lies more than 30 posterior widths from
+        their anchor (once; those draws are flagged ``diverging``).
 
     Notes
     -----
@@ -1078,6 +1094,7 @@ class SGMCMC(ArrayStepShared):
         self.divergences = 0
         self.warned = False
         self.far_warned = False
+        self.anchor_warned = False
         self.short_tune = tune < MIN_TUNE_FOR_WINDOWS  # no window, nor a burn-in to speak of
         self.stability_check_due = self.user_step_size is not None
         self.chain_state = None
@@ -1313,7 +1330,13 @@ class SGMCMC(ArrayStepShared):
             # posterior's width. A user's fixed step size is the step in the widest coordinate
             # (scales normalised to a largest value of 1): every other coordinate only becomes
             # easier to integrate.
-            self.measured_widths = diagonal
+            # Drift included: a drifting coordinate keeps its older scale, 6.7x narrower than
+            # its posterior sd in one a9a chain; and never below the scale, where a short
+            # window's spread can collapse.
+            spread = self.window.variances()
+            self.measured_widths = (
+                diagonal if spread is None else np.fmax(diagonal, np.sqrt(spread))
+            )
             self.scale = scale if self.adapts_step_size else scale / np.max(scale)
             if self.may_rotate and self.adapts_step_size:
                 self._choose_rotation(theta, diagonal)
@@ -2217,6 +2240,7 @@ class SGMCMC(ArrayStepShared):
                     checked_values[checked < bad],
                     lambda: self.sg_model.minibatch_logp(restart, self.rng.spawn(1)[0]),
                 )
+        self._flag_far_from_anchor(buffer)
         # The count of divergent draws so far, at each draw (the buffer is served in order).
         buffer["divergences"] = self.divergences + np.cumsum(buffer["diverging"], dtype=np.int64)
         self.buffer = buffer
@@ -2243,6 +2267,43 @@ class SGMCMC(ArrayStepShared):
         if self.thin <= STRIDE:
             return stored, stored
         return np.arange(STRIDE - 1, n_steps, STRIDE), stored
+
+    def _flag_far_from_anchor(self, buffer: dict) -> None:
+        """Flag ``diverging`` the kept draws of ``buffer`` that lie more than
+        :data:`ANCHOR_DISTANCE_LIMIT` posterior widths (the last slow window's spreads) from
+        the control variates' anchor in some coordinate, and warn once.
+
+        The control-variate noise grows with the square of the distance from the anchor, so
+        that far out the kernel chosen near it no longer holds. Where a coordinate rests on a
+        few rows, the covariance samplers' same-minibatch estimate damps the very kicks that
+        hold it: MCCAdL on a logistic regression whose level has 10 of 4,000 rows (n = 100)
+        drifted steadily from its anchor to 280 widths, at no divergence and with a
+        minibatch log-density whose median never saw those rows (:mod:`pymc_sgmcmc.runaway`
+        follows the median)."""
+        if self.tune or not self.control_variates or self.measured_widths is None:
+            return
+        distances = np.abs(buffer["theta"] - self.anchor) / self.measured_widths
+        far = np.max(distances, axis=1) > ANCHOR_DISTANCE_LIMIT
+        if not far.any():
+            return
+        buffer["diverging"] |= far
+        if self.anchor_warned:
+            return
+        self.anchor_warned = True
+        first = int(np.argmax(far))
+        coordinate = self._coordinates()[int(np.argmax(distances[first]))][1]
+        warnings.warn(
+            f"{type(self).__name__}: a draw lies {np.max(distances[first]):.0f} posterior widths "
+            f"(the last adaptation window's spreads) from the control variates' anchor in "
+            f"{coordinate}. Their noise grows with the square of that distance, far beyond what "
+            "the step size was chosen for, so the chain is running away and its draws are not "
+            "a posterior: those beyond "
+            f"{ANCHOR_DISTANCE_LIMIT:g} widths are flagged `diverging`. This happens where a "
+            "coordinate rests on a few rows of the data (a rare level). Sample without "
+            "control_variates, or merge such levels.",
+            RuntimeWarning,
+            stacklevel=2,
+        )
 
     def _truncate_at_divergence(self, buffer: dict, start: np.ndarray, bad_step: int) -> dict:
         """Keep the draws before the first divergent step; the next draw repeats the last

@@ -144,3 +144,20 @@ def skewed_logistic(n_obs=10_000, dim=10, batch_size=100, seed=5):
             )
         models.append(model)
     return *models, w, np.linalg.inv(hessian), c3
+
+
+def rare_level_logistic(n_obs=4000, batch_size=100, seed=0):
+    """A logistic regression with a one-hot level of 10 rows in 4,000 (weight ``w[3]``,
+    posterior sd 0.64) under a Laplace prior of free scale, as the main example's model: a
+    minibatch of 100 holds that level's rows in about a fifth of the steps."""
+    rng = np.random.default_rng(seed)
+    group = rng.choice(4, n_obs, p=[0.498, 0.3, 0.2, 0.002])
+    X = np.hstack([np.eye(4)[group], rng.standard_normal((n_obs, 2))])
+    w = np.array([0.8, -0.4, 0.2, -0.6, 1.0, -0.7])
+    y = (rng.random(n_obs) < 1 / (1 + np.exp(-X @ w))).astype(float)
+    with pm.Model() as model:
+        X_obs, y_obs = pm.Minibatch(X, y, batch_size=batch_size)
+        scale = pm.HalfNormal("scale", 1.0)
+        weights = pm.Laplace("w", 0.0, scale, shape=X.shape[1])
+        pm.Bernoulli("y", logit_p=X_obs @ weights, observed=y_obs, total_size=n_obs)
+    return model

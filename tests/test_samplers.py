@@ -12,7 +12,7 @@ import pymc as pm
 import pytensor
 import pytest
 from checks import Z_TOLERANCE, chain_from_the_mean, gaussian_check, posterior_draws
-from models import GaussianRegression
+from models import GaussianRegression, rare_level_logistic
 from pytensor.scan.op import Scan
 
 import pymc_sgmcmc
@@ -654,6 +654,57 @@ def test_an_anchor_where_a_coordinate_has_no_curvature_is_measured_by_the_window
             warnings.simplefilter("always")
             step._warn_if_far_from_mode(np.zeros(2), "anchor")
         assert len([w for w in caught if "anchor is about" in str(w.message)]) == warned
+
+
+def test_a_chain_that_runs_away_from_the_anchor_is_flagged_not_returned_as_a_posterior():
+    # A level of 10 rows in 4,000 sits in about a fifth of the minibatches of 100. With
+    # control variates MCCAdL's C step damps the momentum with a Sigma-hat from the kick's own
+    # rows, so it removes the very kicks those rows give that level's weight: one chain
+    # drifted from its anchor steadily to w[3] = -390 (posterior sd 0.64), at no divergence,
+    # the runaway check blind to it (the median minibatch holds none of those rows). Its
+    # draws beyond ANCHOR_DISTANCE_LIMIT widths are flagged, with one warning; the other
+    # chain stayed within 6 widths. Without control variates nothing is flagged.
+    for control_variates in (True, False):
+        with rare_level_logistic(), warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            step = MCCAdL(control_variates=control_variates)
+            idata = pm.sample(
+                draws=500, tune=500, step=step, chains=2, cores=1, random_seed=1,
+                **SAMPLE_KWARGS,
+            )  # fmt: skip
+        far = [str(w.message) for w in caught if "control variates' anchor" in str(w.message)]
+        diverging = idata.sample_stats["diverging"].values
+        if not control_variates:
+            assert not far and not diverging.any()
+            continue
+        assert len(far) == 1 and "w[3]" in far[0], far
+        w3 = idata.posterior["w"].values[..., 3]
+        assert diverging[0].sum() > 100 and not diverging[1].any(), diverging.sum(axis=1)
+        assert np.abs(w3[0][diverging[0]]).min() > 10 and np.abs(w3[1]).max() < 10
+
+
+def test_only_kept_draws_far_from_the_anchor_are_flagged():
+    with pm.Model():
+        w = pm.Normal("w", 0, 1, shape=2)
+        rows = pm.Minibatch(np.zeros(10), batch_size=5)
+        pm.Normal("y", w.sum(), 1, observed=rows, total_size=10)
+        step = SGLD(control_variates=True)
+    step.setup_chain(np.random.default_rng(0), tune=0, draws=1)
+    step.anchor, step.measured_widths = np.array([1.0, 0.0]), np.array([1.0, 0.5])
+    limit = pymc_sgmcmc.base.ANCHOR_DISTANCE_LIMIT
+    offsets = [[0.0, 0.0], [limit - 0.1, 0.0], [0.0, -0.5 * limit - 0.1], [limit + 0.1, 0.0]]
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for _ in range(2):  # warned once
+            buffer = {"theta": step.anchor + np.array(offsets), "diverging": np.zeros(4, bool)}
+            step._flag_far_from_anchor(buffer)
+            assert buffer["diverging"].tolist() == [False, False, True, True]
+    assert len(caught) == 1 and "theta[1]" in str(caught[0].message)  # unserved: no names
+    for attribute, value in (("tune", True), ("control_variates", False)):
+        unchecked = {"theta": step.anchor + np.array(offsets), "diverging": np.zeros(4, bool)}
+        setattr(step, attribute, value)
+        step._flag_far_from_anchor(unchecked)
+        assert not unchecked["diverging"].any()
 
 
 # --------------------------------------------------------------------------- divergences
