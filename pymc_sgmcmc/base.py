@@ -348,9 +348,10 @@ class SGMCMC(ArrayStepShared):
         enough ``tune`` for the chain to reach the posterior). Ignored without
         ``pm.Minibatch``. Kept draws more than 30 posterior widths
         (``base.ANCHOR_DISTANCE_LIMIT``) from the anchor in some coordinate are flagged
-        ``diverging``, with a warning: the noise grows with the square of that distance,
-        and a chain gets there by running away, as on coordinates that rest on a few rows
-        (a rare level; the guide's "Large N").
+        ``diverging``, with a warning: the noise grows with the square of that distance.
+        A chain gets there by running away, as on coordinates that rest on a few rows (a
+        rare level; the guide's "Large N"), or from an anchor set before it reached the
+        posterior.
     block_steps : int, default 1000
         Integrator steps compiled into one call; draws are served from the block. Only speed
         depends on it (fewer Python round trips), not the draws.
@@ -1325,18 +1326,18 @@ class SGMCMC(ArrayStepShared):
                     scale = self._widen_drifting(scale, theta, drifting & ~self.scale_measured)
                 self.scale_measured |= ~drifting
                 diagonal = scale
+            # The widths, drift included: a drifting coordinate keeps its older scale (6.7x
+            # narrower than its posterior sd in one a9a chain); never below the scale, where a
+            # short window's spread can collapse.
+            spread = self.window.variances()
+            self.measured_widths = (
+                diagonal if spread is None else np.fmax(diagonal, np.sqrt(spread))
+            )
             # With an adapted step size the coordinates are theta / sd, in which a friction
             # of 1 is about critical damping and the step-size rule reads in units of the
             # posterior's width. A user's fixed step size is the step in the widest coordinate
             # (scales normalised to a largest value of 1): every other coordinate only becomes
             # easier to integrate.
-            # Drift included: a drifting coordinate keeps its older scale, 6.7x narrower than
-            # its posterior sd in one a9a chain; and never below the scale, where a short
-            # window's spread can collapse.
-            spread = self.window.variances()
-            self.measured_widths = (
-                diagonal if spread is None else np.fmax(diagonal, np.sqrt(spread))
-            )
             self.scale = scale if self.adapts_step_size else scale / np.max(scale)
             if self.may_rotate and self.adapts_step_size:
                 self._choose_rotation(theta, diagonal)
@@ -2296,11 +2297,11 @@ class SGMCMC(ArrayStepShared):
             f"{type(self).__name__}: a draw lies {np.max(distances[first]):.0f} posterior widths "
             f"(the last adaptation window's spreads) from the control variates' anchor in "
             f"{coordinate}. Their noise grows with the square of that distance, far beyond what "
-            "the step size was chosen for, so the chain is running away and its draws are not "
-            "a posterior: those beyond "
-            f"{ANCHOR_DISTANCE_LIMIT:g} widths are flagged `diverging`. This happens where a "
-            "coordinate rests on a few rows of the data (a rare level). Sample without "
-            "control_variates, or merge such levels.",
+            "the step size was chosen for, and draws that far out are not a posterior: those "
+            f"beyond {ANCHOR_DISTANCE_LIMIT:g} widths are flagged `diverging`. A chain runs away "
+            "so where a coordinate rests on a few rows of the data (a rare level): sample "
+            "without control_variates, or merge such levels. Or tuning ended before the chain "
+            "reached the posterior (the drift warning says so): increase tune.",
             RuntimeWarning,
             stacklevel=2,
         )
