@@ -7,9 +7,11 @@ Four measurements, each printed as a markdown table (``--output`` also writes th
   block plus the NumPy minibatch indices and noise), next to the same block compiled without
   the fused minibatch products (``pymc_sgmcmc.gather_dot``), the same model built in float32,
   the index and noise
-  generation alone and a hand-written numba SGLD / SGNHT-free reference loop (gather of the
-  minibatch rows and two BLAS products, no PyTensor) on the same data. CPU time of this
-  process, so that other processes on a shared machine inflate it less than wall time
+  generation alone, a hand-written numba SGLD / SGNHT-free reference loop (gather of the
+  minibatch rows and two BLAS products, no PyTensor) on the same data, and the SGLD block
+  with ``control_variates=True`` (a second minibatch gradient per step, at the anchor).
+  CPU time of this process, so that other processes on a shared machine inflate it less
+  than wall time
   (they still share the caches and memory bandwidth);
 * ``cores``: steady draws/s of ``pm.sample`` with one chain on one core and two chains on
   two cores (wall time: parallelism is the point), for cheap draws (``--thin`` steps at a
@@ -54,12 +56,11 @@ from report import machine, script_parser, versions  # noqa: E402
 STEP_SIZES = {"SGLD": 1e-7, "SGNHT": 1e-4}
 
 
-def make_step(name: str, thin: int):
+def make_step(name: str, thin: int, control_variates: bool = False):
     import pymc_sgmcmc as sg
 
-    if name == "SGLD":
-        return sg.SGLD(step_size=STEP_SIZES[name], thin=thin)
-    return sg.SGNHT(step_size=STEP_SIZES[name], thin=thin)
+    cls = sg.SGLD if name == "SGLD" else sg.SGNHT
+    return cls(step_size=STEP_SIZES[name], thin=thin, control_variates=control_variates)
 
 
 def cpu_us_per_step(run, steps: int, repeats: int) -> float:
@@ -80,15 +81,18 @@ def block_cost(
     repeats: int,
     fused: bool = True,
     dtype: str = "float64",
+    control_variates: bool = False,
 ) -> tuple[float, float]:
     """µs/step of ``_fill_buffer`` (block plus index/noise generation) and of the generation
     alone, after a first (compiling) block; ``fused=False`` compiles the block without the
     fused minibatch products (:mod:`pymc_sgmcmc.gather_dot`); ``dtype="float32"`` samples
-    the model built in float32 (data, state, noise and arithmetic)."""
+    the model built in float32 (data, state, noise and arithmetic); ``control_variates``
+    adds the anchor's minibatch gradient to each step (the anchor's full pass is in the
+    first, untimed block)."""
     import pymc_sgmcmc.base as base
 
     with problem.model(dtype=dtype):
-        step = make_step(name, thin)
+        step = make_step(name, thin, control_variates)
     if not fused:
         original, base.with_gather_dot = base.with_gather_dot, lambda mode: mode
         try:
@@ -145,8 +149,9 @@ def steps_table(problems: list[str], thin: int, repeats: int) -> list[str]:
         "",
         "| problem | SGLD block | SGLD block without the fused products | SGNHT block | of which "
         "indices + noise (NumPy) | numba reference SGLD loop (gather + 2 BLAS products, no RNG) "
-        "| SGLD block, float32 model | SGNHT block, float32 model |",
-        "| --- | --- | --- | --- | --- | --- | --- | --- |",
+        "| SGLD block, float32 model | SGNHT block, float32 model | SGLD block with control "
+        "variates |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     for key in problems:
         problem = make_problem(key)
@@ -157,9 +162,10 @@ def steps_table(problems: list[str], thin: int, repeats: int) -> list[str]:
         floor_s = "-" if floor is None else f"{floor:.1f}"
         sgld32, _ = block_cost(problem, "SGLD", thin, repeats, dtype="float32")
         sgnht32, _ = block_cost(problem, "SGNHT", thin, repeats, dtype="float32")
+        controlled, _ = block_cost(problem, "SGLD", thin, repeats, control_variates=True)
         lines.append(
             f"| {key} | {sgld:.1f} | {unfused:.1f} | {sgnht:.1f} | {generation:.1f} | {floor_s} "
-            f"| {sgld32:.1f} | {sgnht32:.1f} |"
+            f"| {sgld32:.1f} | {sgnht32:.1f} | {controlled:.1f} |"
         )
         print(lines[-1], flush=True)
     return lines
