@@ -700,11 +700,13 @@ def test_only_kept_draws_far_from_the_anchor_are_flagged():
             step._flag_far_from_anchor(buffer)
             assert buffer["diverging"].tolist() == [False, False, True, True]
     assert len(caught) == 1 and "theta[1]" in str(caught[0].message)  # unserved: no names
-    for attribute, value in (("tune", True), ("control_variates", False)):
+    for attribute, value in (("tune", True), ("control_variates", False)):  # one at a time
         unchecked = {"theta": step.anchor + np.array(offsets), "diverging": np.zeros(4, bool)}
+        original = getattr(step, attribute)
         setattr(step, attribute, value)
         step._flag_far_from_anchor(unchecked)
-        assert not unchecked["diverging"].any()
+        setattr(step, attribute, original)
+        assert not unchecked["diverging"].any(), attribute
 
 
 # --------------------------------------------------------------------------- divergences
