@@ -79,7 +79,6 @@ def sample(X: np.ndarray, y: np.ndarray, quick: bool = False) -> tuple[az.DataTr
         return idata, step, time.perf_counter() - start
 
 
-#: The moments compared with the reference.
 def sample_with_control_variates(X: np.ndarray, y: np.ndarray) -> tuple[az.DataTree, NOGIN, float]:
     """NOGIN with control variates and the step size, preconditioner and ``thin`` adapted
     (``tune=1000``, 2 x 2,000 draws): the draws, the step and the wall time of ``pm.sample``.
@@ -94,6 +93,7 @@ def sample_with_control_variates(X: np.ndarray, y: np.ndarray) -> tuple[az.DataT
         return idata, step, time.perf_counter() - start
 
 
+#: The moments compared with the reference.
 MOMENTS = ("mean", "sd")
 
 

@@ -2299,9 +2299,9 @@ class SGMCMC(ArrayStepShared):
             f"{coordinate}. Their noise grows with the square of that distance, far beyond what "
             "the step size was chosen for, and draws that far out are not a posterior: those "
             f"beyond {ANCHOR_DISTANCE_LIMIT:g} widths are flagged `diverging`. A chain runs away "
-            "so where a coordinate rests on a few rows of the data (a rare level): sample "
-            "without control_variates, or merge such levels. Or tuning ended before the chain "
-            "reached the posterior (the drift warning says so): increase tune.",
+            "like this where a coordinate rests on a few rows of the data (a rare level): "
+            "sample without control_variates, or merge such levels. Or tuning ended before the "
+            "chain reached the posterior (the drift warning says so): increase tune.",
             RuntimeWarning,
             stacklevel=2,
         )
