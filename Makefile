@@ -20,6 +20,7 @@ bench: venv
 
 lint: venv
 	$(PY) -m ruff check pymc_sgmcmc tests examples benchmarks
+	$(PY) -m ruff format --check pymc_sgmcmc tests examples benchmarks
 
 # The documentation site, into docs/_build/html (installs the docs extra into .venv). A full
 # rebuild (-E) with warnings as errors and every cross-reference resolved (-n).

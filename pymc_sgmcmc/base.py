@@ -343,9 +343,11 @@ class SGMCMC(ArrayStepShared):
         over the data): unbiased, with a gradient noise that shrinks as the chain nears the
         anchor instead of staying at the data's spread, so that with large N / n the step
         size is no longer held down by the noise. Costs a second minibatch gradient per
-        step and a pass over the data whenever the anchor moves: to the chain's position at
-        its start and at the end of every adaptation window, then fixed after tuning (pick
-        enough ``tune`` for the chain to reach the posterior). Ignored without
+        step (with a likelihood linear in the data through a predictor, both gradients in
+        one pass over the rows on numba) and a pass over the data whenever the anchor
+        moves: to the chain's position at its start and at the end of every adaptation
+        window, then fixed after tuning (pick enough ``tune`` for the chain to reach the
+        posterior). Ignored without
         ``pm.Minibatch``. Kept draws more than 30 posterior widths
         (``base.ANCHOR_DISTANCE_LIMIT``) from the anchor in some coordinate are flagged
         ``diverging``, with a warning: the noise grows with the square of that distance.

@@ -24,6 +24,10 @@ A second rewrite, ``fuse_glm_products``, goes one step further where the gradien
 ``X[idx].T @ f(X[idx] @ w, ...)`` for an elementwise ``f`` and nothing else reads
 ``X[idx] @ w``: :class:`~pymc_sgmcmc.gather_dot.GatherGLMProduct` computes it in one pass
 over the rows (about 30 % of an SGLD step on the linear regression, 12 % on the logistic one).
+The force with control variates reads the same rows at the draw and at the anchor, and
+PyTensor fuses the two residuals into one ``Elemwise`` of two outputs: one op with two
+predictors and two outputs computes both gradients in the same pass (without it the two
+residuals' fusion kept both gradients in separate products, four passes over the rows).
 In the same pass, ``fuse_glm_sums`` puts :class:`~pymc_sgmcmc.gather_dot.GatherGLMSum` in
 place of the log-likelihood ``sum(f(X[idx] @ w, y[idx], ...))``, which the blocks compute
 at the stored draws: one kernel in place of a product, a copy and a reduction, which numba
@@ -128,50 +132,68 @@ class GatherTDot(_GatherProduct):
 
 
 class GatherGLMProduct(Op):
-    """``X[idx].T @ f(X[idx] @ b, a_1, ..., a_m)`` in one pass over the minibatch rows.
+    """``X[idx].T @ f(X[idx] @ b_1, ..., X[idx] @ b_m, a_1, ...)`` in one pass over the
+    minibatch rows.
 
     ``f`` is an elementwise function (``scalar_op``, a PyTensor scalar op such as the
-    ``Composite`` of a fused ``Elemwise``) of the linear predictor ``z = X[idx] @ b`` (its
-    argument ``z_position``) and further columns ``a_k`` of shape (n, 1) or (1, 1): the
+    ``Composite`` of a fused ``Elemwise``) of linear predictors ``z_k = X[idx] @ b_k`` (its
+    arguments ``z_positions``) and further columns ``a_k`` of shape (n, 1) or (1, 1): the
     gradient of a likelihood that reads the data through one linear predictor (a linear or
     generalised linear regression). Each row of ``X[idx]`` is read once: its weight
     ``f(z_i, ...)`` is known as soon as its dot product is, and the row is added to the
     gradient while it is still in the L1 cache. The two separate products read the n rows twice
     (the second time from L2): in isolation the single pass took 20 instead of 27-30 us for
     500 random rows of an X of 10,000 x 100 (14 instead of 21 us for rows already in cache).
+
+    With several predictors and an ``f`` of several outputs, one output ``X[idx].T @ f_k``
+    per output of ``f``: the force with control variates, ``g(theta) - g(anchor)`` over the
+    same rows, needs the gradient at two positions, whose predictors and weights PyTensor
+    fuses into one ``Elemwise`` of two outputs. One pass reads each row for both.
     """
 
-    __props__ = ("scalar_op", "z_position", "out_shape")
+    __props__ = ("scalar_op", "z_positions", "out_shape")
 
-    def __init__(self, scalar_op, z_position: int, out_shape: tuple[int | None, int | None]):
+    def __init__(
+        self, scalar_op, z_positions: tuple[int, ...], out_shape: tuple[int | None, int | None]
+    ):
         self.scalar_op = scalar_op
-        self.z_position = z_position
+        self.z_positions = tuple(z_positions)
         self.out_shape = tuple(out_shape)
 
-    def make_node(self, x, idx, b, *columns):
-        x, idx, b, *columns = map(as_tensor_variable, (x, idx, b, *columns))
+    def make_node(self, x, idx, *operands):
+        x, idx, *operands = map(as_tensor_variable, (x, idx, *operands))
+        if len(operands) < len(self.z_positions):
+            raise TypeError("GatherGLMProduct: one b per predictor")
         shape = _known_shape((x.type.shape[1], 1), self.out_shape)
-        out = pt.tensor(dtype=x.type.dtype, shape=shape)
-        return Apply(self, [x, idx, b, *columns], [out])
+        outputs = [pt.tensor(dtype=x.type.dtype, shape=shape) for _ in range(self.scalar_op.nout)]
+        return Apply(self, [x, idx, *operands], outputs)
 
-    def _weights(self, z: np.ndarray, columns: list[np.ndarray]) -> np.ndarray:
-        args = list(columns)
-        args.insert(self.z_position, z)
-        f = np.frompyfunc(self.scalar_op.impl, len(args), 1)
-        return np.asarray(f(*args), dtype=z.dtype)
+    def _arguments(self, predictors: list, columns: list) -> list:
+        """``f``'s arguments: the predictors at ``z_positions``, the columns in order."""
+        args, rest = [], iter(columns)
+        by_position = dict(zip(self.z_positions, predictors, strict=True))
+        for k in range(len(predictors) + len(columns)):
+            args.append(by_position[k] if k in by_position else next(rest))
+        return args
 
     def perform(self, node, inputs, outputs):
-        x, idx, b, *columns = inputs
+        x, idx, *operands = inputs
+        m = len(self.z_positions)
+        bs, columns = operands[:m], operands[m:]
         rows = x[idx]
-        z = rows @ b
-        for column, var in zip(columns, node.inputs[3:], strict=True):
+        for column, var in zip(columns, node.inputs[2 + m :], strict=True):
             expected = (1, 1) if var.type.broadcastable[0] else (len(idx), 1)
             if column.shape != expected:
                 raise ValueError("GatherGLMProduct: shapes do not match")
-        out = rows.T @ self._weights(z, columns)
-        if not node.outputs[0].type.is_valid_value(out):
-            raise ValueError("GatherGLMProduct: shapes do not match")
-        outputs[0][0] = out
+        predictors = [rows @ b for b in bs]
+        args = self._arguments(predictors, columns)
+        weights = np.frompyfunc(self.scalar_op.impl, len(args), self.scalar_op.nout)(*args)
+        weights = weights if self.scalar_op.nout > 1 else (weights,)
+        for output, var, w in zip(outputs, node.outputs, weights, strict=True):
+            out = rows.T @ np.asarray(w, dtype=x.dtype)
+            if not var.type.is_valid_value(out):
+                raise ValueError("GatherGLMProduct: shapes do not match")
+            output[0] = out
 
 
 class GatherGLMSum(Op):
@@ -447,24 +469,24 @@ def _numba_gather_tdot(op, node, **kwargs):
     return gather_tdot, _CACHE_SALT
 
 
-#: The single-pass kernel of :class:`GatherGLMProduct`, as source: its loop calls the scalar
-#: function with the op's own arguments (``{args0}`` ... are filled in per op). Its loops
-#: repeat those of :func:`_gather_matvec` and :func:`_gather_rmatvec` on purpose: the same
-#: loops as shared njit helpers (tuples of rows and sums returned, with or without
-#: ``inline="always"``) made the two products 25 % slower (28 -> 35 us for 500 random rows
-#: of 10,000 x 100, alternated runs).
+#: The single-pass kernel of :class:`GatherGLMProduct`, as source, for predictors ``b0``,
+#: ``b1``, ... and outputs ``g0``, ``g1``, ...: its loop calls the scalar function with the
+#: op's own arguments; the ``{...}`` fields are filled in per op (:func:`_glm_kernel_source`)
+#: with one line per predictor or output. Its loops repeat those of :func:`_gather_matvec` and
+#: :func:`_gather_rmatvec` on purpose: the same loops as shared njit helpers (tuples of rows
+#: and sums returned, with or without ``inline="always"``) made the two products 25 % slower
+#: (28 -> 35 us for 500 random rows of 10,000 x 100, alternated runs).
 _GLM_KERNEL = """
-def gather_glm(x, idx, b, {columns}):
+def gather_glm(x, idx, {operands}):
     n, d, n_rows = idx.shape[0], x.shape[1], x.shape[0]
-    if b.shape[0] != d or b.shape[1] != 1 or (rows >= 0 and d != rows):
-        raise ValueError("GatherGLMProduct: shapes do not match")
+{b_checks}
     d = _opaque(d)  # the loops' length unknown to the optimiser (see _opaque)
 {checks}
     # The (only) column as a run-time index, as in the other kernels' loops: a literal 0 would
     # compile the column helpers a second time (for ``Literal[int](0)``), ~0.2 s of a cold start.
-    first = b.shape[1] - 1
-    v = _column(b, first)
-    g = np.zeros(d, dtype=dtype)
+    first = b0.shape[1] - 1
+{columns}
+{zeros}
     for k in range(min(PREFETCH_ROWS, n)):
         _prefetch_row(x, idx[k])
     i = 0
@@ -474,63 +496,100 @@ def gather_glm(x, idx, b, {columns}):
                 _prefetch_row(x, idx[i + PREFETCH_ROWS + k])
         r0, r1 = _row(idx[i], n_rows), _row(idx[i + 1], n_rows)
         r2, r3 = _row(idx[i + 2], n_rows), _row(idx[i + 3], n_rows)
-        s0 = s1 = s2 = s3 = _zero(v)
+{sums}
         for j in range(d):
-            vj = v[j]
-            s0 += x[r0, j] * vj
-            s1 += x[r1, j] * vj
-            s2 += x[r2, j] * vj
-            s3 += x[r3, j] * vj
-        w0 = f({args0})
-        w1 = f({args1})
-        w2 = f({args2})
-        w3 = f({args3})
+{dots}
+{weights}
         for j in range(d):
-            g[j] += x[r0, j] * w0 + x[r1, j] * w1 + x[r2, j] * w2 + x[r3, j] * w3
+{accumulate}
         i += 4
     while i < n:
         row = _row(idx[i], n_rows)
-        s = _zero(v)
+{tail_sums}
         for j in range(d):
-            s += x[row, j] * v[j]
-        wi = f({args})
+{tail_dots}
+{tail_weights}
         for j in range(d):
-            g[j] += x[row, j] * wi
+{tail_accumulate}
         i += 1
-    out = np.empty((d, 1), dtype=dtype)
-    _set_column(out, first, g)
-    return out
+{outputs}
+    return {returned}
 """
 
 
 def _glm_kernel_source(op: GatherGLMProduct, broadcast: list[bool]) -> str:
+    """The kernel of ``op``: ``m`` predictors (``s{row}_{k}`` the row's predictor k, from
+    ``v{k}``, column of ``b{k}``) and ``K`` outputs (``w{row}_{k}`` the row's weight in the
+    output ``g{k}``)."""
+    m, outputs = len(op.z_positions), op.scalar_op.nout
     columns = [(f"a{k}", bc) for k, bc in enumerate(broadcast)]
+    bs = [f"b{k}" for k in range(m)]
 
-    def arguments(row: str, z: str) -> str:
+    def lines(indent: int, template: str, count: int) -> str:
+        return "\n".join(" " * indent + template.format(k=k) for k in range(count))
+
+    def call(row: str, name: str) -> str:
+        """The weights ``w{name}_k`` of a row from its predictors ``s{name}_k``."""
         values = [f"{a}[0, 0]" if bc else f"{a}[{row}, 0]" for a, bc in columns]
-        values.insert(op.z_position, z)
-        return ", ".join(values)
+        args = op._arguments([f"s{name}_{k}" for k in range(m)], values)
+        weights = ", ".join(f"w{name}_{k}" for k in range(outputs))
+        return f"{weights} = f({', '.join(args)})"
 
     checks = [
         f"    if {a}.shape[0] != {'1' if bc else 'n'} or {a}.shape[1] != 1:\n"
         '        raise ValueError("GatherGLMProduct: shapes do not match")'
         for a, bc in columns
     ]
-    rows = {f"args{k}": arguments(f"i + {k}", f"s{k}") for k in range(4)}
-    names = ", ".join(a for a, _ in columns)
-    body = {"checks": "\n".join(checks), "args": arguments("i", "s"), **rows}
-    return _GLM_KERNEL.format(columns=names, **body)
+    dots = [
+        line
+        for k in range(m)
+        for line in (f"vj{k} = v{k}[j]", *(f"s{r}_{k} += x[r{r}, j] * vj{k}" for r in range(4)))
+    ]
+    body = {
+        "operands": ", ".join(bs + [a for a, _ in columns]),
+        "b_checks": lines(
+            4,
+            "if b{k}.shape[0] != d or b{k}.shape[1] != 1 or (rows >= 0 and d != rows):\n"
+            '        raise ValueError("GatherGLMProduct: shapes do not match")',
+            m,
+        ),
+        "checks": "\n".join(checks),
+        "columns": lines(4, "v{k} = _column(b{k}, first)", m),
+        "zeros": lines(4, "g{k} = np.zeros(d, dtype=dtype)", outputs),
+        "sums": lines(8, "s0_{k} = s1_{k} = s2_{k} = s3_{k} = _zero(v{k})", m),
+        "dots": "\n".join(" " * 12 + line for line in dots),
+        "weights": "\n".join(" " * 8 + call(f"i + {r}", str(r)) for r in range(4)),
+        "accumulate": lines(
+            12,
+            "g{k}[j] += x[r0, j] * w0_{k} + x[r1, j] * w1_{k} + x[r2, j] * w2_{k} "
+            "+ x[r3, j] * w3_{k}",
+            outputs,
+        ),
+        "tail_sums": lines(8, "si_{k} = _zero(v{k})", m),
+        "tail_dots": lines(12, "si_{k} += x[row, j] * v{k}[j]", m),
+        "tail_weights": " " * 8 + call("i", "i"),
+        "tail_accumulate": lines(12, "g{k}[j] += x[row, j] * wi_{k}", outputs),
+        "outputs": lines(
+            4,
+            "out{k} = np.empty((d, 1), dtype=dtype)\n    _set_column(out{k}, first, g{k})",
+            outputs,
+        ),
+        "returned": ", ".join(f"out{k}" for k in range(outputs)),
+    }
+    return _GLM_KERNEL.format(**body)
 
 
-def _compiled_glm_kernel(op, node, name, z_dtype, source, key_parts, kwargs, **names):
+def _compiled_glm_kernel(
+    op, columns, z_positions, name, z_dtype, source, key_parts, kwargs, **names
+):
     """A GLM op's kernel: ``source(op, broadcast)`` compiled with the numba function ``f`` of
-    the op's scalar op (the predictor, of ``z_dtype``, at ``op.z_position``; the op's further
-    inputs elsewhere, ``broadcast`` saying which of them broadcast), the shared helpers and
-    ``names`` as its globals; cached under ``key_parts`` and ``f``'s key (not cached when
-    ``f`` has none)."""
-    columns = node.inputs[3:]
+    the op's scalar op (the predictors, of ``z_dtype``, at ``z_positions``; the op's further
+    inputs ``columns`` elsewhere, ``broadcast`` saying which of them broadcast), the shared
+    helpers and ``names`` as its globals; cached under ``key_parts`` and ``f``'s key (not
+    cached when ``f`` has none)."""
     dtypes = [c.type.dtype for c in columns]
-    dtypes.insert(op.z_position, z_dtype)
+    for position in sorted(z_positions):
+        dtypes.insert(position, z_dtype)
     scalar_node = op.scalar_op.make_node(*(get_scalar_type(d)() for d in dtypes))
     f, scalar_key = numba_funcify_and_cache_key(op.scalar_op, node=scalar_node, **kwargs)
     broadcast = [bool(c.type.broadcastable[0]) for c in columns]
@@ -552,11 +611,12 @@ def _numba_gather_glm(op, node, **kwargs):
     dtype = np.dtype(node.outputs[0].dtype)
     return _compiled_glm_kernel(
         op,
-        node,
+        node.inputs[2 + len(op.z_positions) :],
+        op.z_positions,
         "gather_glm",
         dtype.name,
         _glm_kernel_source,
-        (op.z_position, op.out_shape),
+        (op.z_positions, op.out_shape),
         kwargs,
         dtype=dtype,
         rows=_static(op.out_shape)[0],
@@ -619,7 +679,8 @@ def _glm_sum_kernel_source(op: GatherGLMSum, broadcast: list[bool]) -> str:
 def _numba_gather_glm_sum(op, node, **kwargs):
     return _compiled_glm_kernel(
         op,
-        node,
+        node.inputs[3:],
+        (op.z_position,),
         "gather_glm_sum",
         node.inputs[0].type.dtype,
         _glm_sum_kernel_source,
@@ -722,18 +783,33 @@ def fuse_glm_products(fgraph, node):
     elementwise ``f`` (one ``Elemwise``, fused by then) of columns of X's float type (float32
     or float64), when nothing else reads the predictor ``z = X[idx] @ b`` or the weights
     ``f(z, ...)``: the single pass computes neither for others (a sampler that also needs
-    ``z``, for per-observation gradients, keeps the two products)."""
+    ``z``, for per-observation gradients, keeps the two products).
+
+    ``f`` may read several predictors of the same rows and have several outputs, each read
+    only by its own ``GatherTDot`` of the rows: the gradients at two positions that the force
+    with control variates subtracts, whose residuals PyTensor fuses into one ``Elemwise``
+    (``f(z_1, z_2, y) = (y - z_1, y - z_2)``). All of them are replaced by one op."""
     x, idx, weights = node.inputs
     elemwise = weights.owner
+    dtype = node.outputs[0].type.dtype
     if (
         elemwise is None
         or not isinstance(elemwise.op, Elemwise)
-        or len(elemwise.outputs) != 1
-        or len(fgraph.clients[weights]) != 1
-        or node.outputs[0].type.dtype not in ("float32", "float64")
-        or node.outputs[0].type.dtype != x.type.dtype
+        or dtype not in ("float32", "float64")
+        or dtype != x.type.dtype
     ):
         return None
+    products = []  # the GatherTDot reading each output of f
+    for output in elemwise.outputs:
+        clients = fgraph.clients[output]
+        if len(clients) != 1:
+            return None
+        client, _ = clients[0]
+        if not isinstance(client.op, GatherTDot) or client.inputs[:2] != [x, idx]:
+            return None
+        if client.outputs[0].type != node.outputs[0].type:
+            return None
+        products.append(client.outputs[0])
     positions = [
         k
         for k, var in enumerate(elemwise.inputs)
@@ -741,20 +817,22 @@ def fuse_glm_products(fgraph, node):
         and isinstance(var.owner.op, GatherDot)
         and var.owner.inputs[:2] == [x, idx]
     ]
-    if len(positions) != 1:
+    if not positions:
         return None
-    (z_position,) = positions
-    z = elemwise.inputs[z_position]
-    columns = [v for k, v in enumerate(elemwise.inputs) if k != z_position]
-    if len(fgraph.clients[z]) != 1 or not all(
+    predictors = [elemwise.inputs[k] for k in positions]
+    columns = [v for k, v in enumerate(elemwise.inputs) if k not in positions]
+    if any(len(fgraph.clients[z]) != 1 for z in predictors) or not all(
         v.type.ndim == 2 and v.type.broadcastable[1] and v.type.dtype == x.type.dtype
-        for v in [z, weights, *columns]
+        for v in [*predictors, *elemwise.outputs, *columns]
     ):
         return None
-    b = z.owner.inputs[2]
-    op = GatherGLMProduct(elemwise.op.scalar_op, z_position, node.outputs[0].type.shape)
-    new = op(x, idx, b, *columns)
-    return [new] if new.type == node.outputs[0].type else None
+    bs = [z.owner.inputs[2] for z in predictors]
+    op = GatherGLMProduct(elemwise.op.scalar_op, tuple(positions), node.outputs[0].type.shape)
+    new = op(x, idx, *bs, *columns)
+    new = new if isinstance(new, list) else [new]
+    if any(n.type != old.type for n, old in zip(new, products, strict=True)):
+        return None
+    return dict(zip(products, new, strict=True))
 
 
 def _squeezed_gather_dot(var):

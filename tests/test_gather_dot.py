@@ -9,6 +9,8 @@ order of a floating-point sum).
 
 from __future__ import annotations
 
+from functools import partial
+
 import numpy as np
 import pytensor
 import pytensor.scalar as ps
@@ -139,6 +141,25 @@ def test_sampler_chain_is_the_same_with_and_without_the_fused_products(monkeypat
     np.testing.assert_allclose(fused, plain, rtol=0, atol=1e-9 if dtype == "float64" else 1e-4)
 
 
+@pytest.mark.parametrize("dtype", ["float64", "float32"])
+def test_control_variate_chain_is_the_same_with_and_without_fused_products(monkeypatch, dtype):
+    """With control variates the force reads the minibatch's rows at the draw and at the
+    anchor: one single pass computes both gradients (no separate product is left)."""
+    problem = GaussianRegression.make(n_obs=500, dim=3, batch_size=50, dtype=dtype)
+
+    def draws():
+        make = partial(SGLD, step_size=1e-4, thin=5, control_variates=True)
+        return one_chain(problem, make, draws=300, seed=3)
+
+    step, fused = draws()
+    assert fused_ops(step._block_function()[0]) == {"GatherGLMProduct", "GatherGLMSum"}
+    monkeypatch.setattr(base, "with_gather_dot", lambda mode: mode)
+    step, plain = draws()
+    assert fused_ops(step._block_function()[0]) == set()
+    assert fused.dtype == plain.dtype == dtype
+    np.testing.assert_allclose(fused, plain, rtol=0, atol=1e-9 if dtype == "float64" else 1e-4)
+
+
 def glm_log_likelihoods(idx, w):
     """Minibatch log-likelihoods that read the data through X[idx] @ w, with data of ``w``'s
     type: a linear regression whose noise scale stays an input (a broadcast argument of f)
@@ -180,6 +201,37 @@ def test_single_pass_product_equals_the_two_products(n, dtype):
             [idx, w], grad, mode=NUMBA.clone(linker="py", optimizer=NUMBA.optimizer)
         )
         assert "GatherGLMProduct" in fused_ops(python)
+        np.testing.assert_allclose(python(*args), plain(*args), rtol=tol, atol=tol)
+
+
+@pytest.mark.parametrize("dtype", ["float64", "float32"])
+@pytest.mark.parametrize("n", [10, 31, 3])
+def test_single_pass_of_two_positions_equals_the_four_products(n, dtype):
+    """The control-variate difference g(w) - g(anchor) over the same rows: both gradients
+    in one pass, each the same as the two products give."""
+    idx = pt.vector("idx", dtype="int64", shape=(n,))
+    w, anchor = (pt.vector(name, shape=(6,), dtype=dtype) for name in ("w", "anchor"))
+    rng = np.random.default_rng(2)
+    args = (
+        rng.integers(-40, 40, size=n),
+        np.linspace(-1, 1, 6, dtype=dtype),
+        rng.standard_normal(6).astype(dtype),
+    )
+    tol = 1e-12 if dtype == "float64" else 1e-5
+    gradients = glm_gradients(idx, w)
+    at_anchor = pytensor.graph.clone_replace(gradients, {w: anchor})  # the same data
+    for difference in (g - g_anchor for g, g_anchor in zip(gradients, at_anchor, strict=True)):
+        fused = pytensor.function([idx, w, anchor], difference, mode=NUMBA)
+        assert fused_ops(fused) == {"GatherGLMProduct"}  # one op, no product left
+        (node,) = [n for n in fused.maker.fgraph.apply_nodes if isinstance(n.op, FUSED)]
+        assert len(node.op.z_positions) == 2 and len(node.outputs) == 2
+        plain = pytensor.function([idx, w, anchor], difference, mode="NUMBA")
+        assert fused(*args).dtype == dtype
+        np.testing.assert_allclose(fused(*args), plain(*args), rtol=tol, atol=tol)
+        python = pytensor.function(
+            [idx, w, anchor], difference, mode=NUMBA.clone(linker="py", optimizer=NUMBA.optimizer)
+        )
+        assert fused_ops(python) == {"GatherGLMProduct"}
         np.testing.assert_allclose(python(*args), plain(*args), rtol=tol, atol=tol)
 
 
@@ -241,7 +293,7 @@ def test_single_pass_only_where_nothing_else_reads_the_predictor():
 def test_single_pass_product_checks_shapes_and_rows(mode):
     x, i, b = pt.matrix(), pt.vector(dtype="int64"), pt.matrix()
     column, scalar = pt.tensor(shape=(None, 1)), pt.tensor(shape=(1, 1))
-    op = GatherGLMProduct(ps.sub, 1, (None, 1))  # f(a, z) = a - z
+    op = GatherGLMProduct(ps.sub, (1,), (None, 1))  # f(a, z) = a - z
     out = op(x, i, b, column) * 1.0 + op(x, i, b, scalar)
     fn = pytensor.function([x, i, b, column, scalar], out, mode=mode)
     X, idx, B = np.arange(15.0).reshape(5, 3), np.array([0, 4, -1]), np.ones((3, 1))
@@ -254,3 +306,25 @@ def test_single_pass_product_checks_shapes_and_rows(mode):
         fn(X, idx, np.ones((4, 1)), a, c)  # b does not fit X's columns
     with pytest.raises(IndexError):
         fn(X, np.array([0, 5, 1]), B, a, c)
+
+
+@pytest.mark.parametrize("mode", ["NUMBA", "FAST_COMPILE"])
+def test_single_pass_of_two_predictors_checks_shapes_and_rows(mode):
+    x, i, b, c = pt.matrix(), pt.vector(dtype="int64"), pt.matrix(), pt.matrix()
+    column = pt.tensor(shape=(None, 1))
+    sz, sa, sc = (ps.float64(name) for name in "zac")
+    f = ps.Composite([sz, sa, sc], [sa - sz, sz * sc])  # f(z1, a, z2) = (a - z1, z1 z2)
+    op = GatherGLMProduct(f, (0, 2), (None, 1))
+    fn = pytensor.function([x, i, b, c, column], op(x, i, b, c, column), mode=mode)
+    X, idx = np.arange(15.0).reshape(5, 3), np.array([0, 4, -1])
+    B, C, a = np.ones((3, 1)), np.array([[1.0], [-1.0], [0.5]]), np.full((3, 1), 2.0)
+    z1, z2 = X[idx] @ B, X[idx] @ C
+    first, second = fn(X, idx, B, C, a)
+    np.testing.assert_allclose(first, X[idx].T @ (a - z1))
+    np.testing.assert_allclose(second, X[idx].T @ (z1 * z2))
+    with pytest.raises(ValueError):
+        fn(X, idx, B, C, np.ones((2, 1)))  # a column that does not fit the minibatch
+    with pytest.raises(ValueError):
+        fn(X, idx, B, np.ones((4, 1)), a)  # the second b does not fit X's columns
+    with pytest.raises(IndexError):
+        fn(X, np.array([0, 5, 1]), B, C, a)
