@@ -692,7 +692,8 @@ def _numba_gather_glm_sum(op, node, **kwargs):
 
 
 #: PyTensor caches a compiled op under its class name and props: salting that key with the
-#: kernels' source makes an edited kernel recompile instead of loading the cached one.
+#: kernels' source (and the constants compiled into them, which no source above shows)
+#: makes an edited kernel recompile instead of loading the cached one.
 _CACHE_SALT = int(
     hashlib.sha256(
         "".join(
@@ -719,6 +720,7 @@ _CACHE_SALT = int(
         ).encode()
         + _GLM_KERNEL.encode()
         + _GLM_SUM_KERNEL.encode()
+        + f"{PREFETCH_ROWS},{_PREFETCH_STRIDE}".encode()
     ).hexdigest()[:12],
     16,
 )
