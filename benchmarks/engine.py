@@ -23,10 +23,14 @@ Four measurements, each printed as a markdown table (``--output`` also writes th
   to the first stored draw, for a first and a second (warm) call in this process;
 * ``per-draw`` (only when named): wall time per stored draw of ``pm.sample`` with the
   package's ``SGMCMC.step`` against PyMC's ``ArrayStepShared.step`` (the per-draw Python
-  that serving a point PyMC hands back saves), at thin = 1 and ``--thin``.
+  that serving a point PyMC hands back saves), at thin = 1 and ``--thin``;
+* ``control-variates`` (only when named): CPU µs per step of each sampler's block with and
+  without ``control_variates=True`` (SGLD and SGNHT, whose force is one single pass over the
+  rows, and mCCAdL and NOGIN, whose force and noise come from per-observation gradients), at
+  step sizes that keep the chain at its start (stable, no divergence).
 
-Run: ``.venv/bin/python benchmarks/engine.py [steps] [cores] [first-draw] [per-draw]``
-(default: the first three).
+Run: ``.venv/bin/python benchmarks/engine.py [steps] [cores] [first-draw] [per-draw]
+[control-variates]`` (default: the first three).
 """
 
 from __future__ import annotations
@@ -52,14 +56,16 @@ from problems import Problem, make_problem  # noqa: E402
 from report import machine, script_parser, versions  # noqa: E402
 
 #: Step sizes that keep each problem's chain near its start (stable, no divergence): the
-#: cost of a step does not depend on them.
-STEP_SIZES = {"SGLD": 1e-7, "SGNHT": 1e-4}
+#: cost of a step does not depend on them, as long as the chain stays tame (mCCAdL's C step
+#: takes more products in a chain far from equilibrium: at h = 1e-5 from P1's initial point,
+#: kinetic temperatures of 1,000-3,300).
+STEP_SIZES = {"SGLD": 1e-7, "SGNHT": 1e-4, "MCCAdL": 1e-7, "NOGIN": 1e-7}
 
 
 def make_step(name: str, thin: int, control_variates: bool = False):
     import pymc_sgmcmc as sg
 
-    cls = sg.SGLD if name == "SGLD" else sg.SGNHT
+    cls = getattr(sg, name)
     return cls(step_size=STEP_SIZES[name], thin=thin, control_variates=control_variates)
 
 
@@ -168,6 +174,29 @@ def steps_table(problems: list[str], thin: int, repeats: int) -> list[str]:
             f"| {sgld32:.1f} | {sgnht32:.1f} | {controlled:.1f} |"
         )
         print(lines[-1], flush=True)
+    return lines
+
+
+def control_variates_table(problems: list[str], thin: int, repeats: int) -> list[str]:
+    """Each sampler's block with and without control variates (:func:`block_cost`)."""
+    lines = [
+        f"CPU µs per integrator step with and without `control_variates=True` (minimum of "
+        f"{repeats} blocks of 1,000 steps, thin = {thin}; step sizes "
+        + ", ".join(f"{name} {h:g}" for name, h in STEP_SIZES.items())
+        + ")",
+        "",
+        "| problem | sampler | block | with control variates | ratio |",
+        "| --- | --- | --- | --- | --- |",
+    ]
+    for key in problems:
+        problem = make_problem(key)
+        for name in STEP_SIZES:
+            plain, _ = block_cost(problem, name, thin, repeats)
+            controlled, _ = block_cost(problem, name, thin, repeats, control_variates=True)
+            lines.append(
+                f"| {key} | {name} | {plain:.1f} | {controlled:.1f} | {controlled / plain:.2f} |"
+            )
+            print(lines[-1], flush=True)
     return lines
 
 
@@ -387,6 +416,8 @@ def main(argv: list[str]) -> None:
         sections.append(first_draw_table(args.problems))
     if "per-draw" in args.what:
         sections.append(per_draw_table(args.problems, args.thin, args.draws))
+    if "control-variates" in args.what:
+        sections.append(control_variates_table(args.problems, args.thin, args.repeats))
     loads.append(os.getloadavg())
     cpu = machine()
     header = [
