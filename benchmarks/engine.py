@@ -1,7 +1,7 @@
 """Engine profile (issue 4): the cost of one integrator step inside a compiled block, the
 ``cores=2`` speed-up of ``pm.sample`` and the time to the first draw.
 
-Four measurements, each printed as a markdown table (``--output`` also writes them):
+Five measurements, each printed as a markdown table (``--output`` also writes them):
 
 * ``steps``: CPU microseconds per integrator step of ``SGMCMC._fill_buffer`` (the compiled
   block plus the NumPy minibatch indices and noise), next to the same block compiled without
