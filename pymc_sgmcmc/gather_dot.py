@@ -255,6 +255,111 @@ class GatherGLMSum(Op):
         outputs[0][0] = np.asarray(total, dtype=self.dtype)
 
 
+class GatherGLMRows(Op):
+    """The rows ``h(X[idx], f(X[idx] @ b_1, ..., a...), c...)`` and their column sums, in one
+    pass over the minibatch rows: the per-observation gradients of a GLM.
+
+    A sampler that estimates the gradient noise's covariance needs every row's gradient
+    ``g_i = x_i f(z_i, y_i)`` (``z_i = x_i . w``), not only their sum. PyTensor computes the
+    predictors ``X[idx] @ w`` in one pass over the rows (``GatherDot``), the weights ``f``
+    elementwise, then the rows ``h`` (each row times its weight, cast to float32 for the
+    low-rank products) and their sum (the force) in a second pass that reads the rows again.
+    This op reads each row once: its predictors, its weights, then its entries of every
+    output while the row is still in the L1 cache.
+
+    ``weights_op`` (``f``, optional) is a scalar op of the predictors ``z_k = X[idx] @ b_k``
+    and operands of shape (n, 1) or (1, 1); ``rows_op`` (``h``) a scalar op of the row's
+    entry ``x_ij``, the predictors, ``f``'s outputs and operands that broadcast against
+    (n, D). ``weights_args`` and ``rows_args`` name each argument's source as a pair:
+    ``("x", 0)`` the entry, ``("z", k)`` predictor k, ``("w", k)`` output k of ``f``,
+    ``("c", k)`` operand k. Output k of ``h`` is an (n, D) matrix, or with
+    ``sums[k] = (acc_dtype, dtype)`` its sum over the rows (D,), accumulated in
+    ``acc_dtype`` as PyTensor's ``Sum``.
+
+    The force with control variates, ``g_i(theta) - g_i(anchor)``, reads the rows at two
+    positions: both predictors come from the same read of each row.
+    """
+
+    __props__ = ("weights_op", "weights_args", "rows_op", "rows_args", "sums")
+
+    def __init__(self, weights_op, weights_args, rows_op, rows_args, sums):
+        self.weights_op = weights_op
+        self.weights_args = tuple((str(kind), int(k)) for kind, k in weights_args)
+        self.rows_op = rows_op
+        self.rows_args = tuple((str(kind), int(k)) for kind, k in rows_args)
+        self.sums = tuple(None if s is None else (str(s[0]), str(s[1])) for s in sums)
+        if len(self.sums) != rows_op.nout:
+            raise ValueError("GatherGLMRows: one entry of sums per output of rows_op")
+        if (weights_op is None) != (not self.weights_args):
+            raise ValueError("GatherGLMRows: weights_args are the arguments of weights_op")
+
+    @property
+    def n_predictors(self) -> int:
+        args = (*self.weights_args, *self.rows_args)
+        return 1 + max((k for kind, k in args if kind == "z"), default=-1)
+
+    def _dtypes(self, x_dtype: str, operands: list) -> tuple[list[str], list[str]]:
+        """The dtypes of ``f``'s and of ``h``'s arguments (the predictors of ``x_dtype``)."""
+        dtypes = {"x": lambda k: x_dtype, "z": lambda k: x_dtype}
+        dtypes["c"] = lambda k: operands[k].type.dtype
+        weights = [dtypes[kind](k) for kind, k in self.weights_args]
+        if self.weights_op is not None:
+            outputs = self.weights_op.output_types([get_scalar_type(d) for d in weights])
+            dtypes["w"] = lambda k: outputs[k].dtype
+        return weights, [dtypes[kind](k) for kind, k in self.rows_args]
+
+    def make_node(self, x, idx, *operands):
+        x, idx, *operands = map(as_tensor_variable, (x, idx, *operands))
+        m = self.n_predictors
+        if len(operands) < m or any(c.type.ndim != 2 for c in operands):
+            raise TypeError("GatherGLMRows: one b per predictor, then 2-d operands")
+        _, dtypes = self._dtypes(x.type.dtype, operands[m:])
+        out_types = self.rows_op.output_types([get_scalar_type(d) for d in dtypes])
+        n, d = idx.type.shape[0], x.type.shape[1]
+        outputs = [
+            pt.tensor(dtype=t.dtype, shape=(n, d))
+            if s is None
+            else pt.tensor(dtype=s[1], shape=(d,))
+            for t, s in zip(out_types, self.sums, strict=True)
+        ]
+        return Apply(self, [x, idx, *operands], outputs)
+
+    def perform(self, node, inputs, outputs):
+        x, idx, *operands = inputs
+        m = self.n_predictors
+        bs, columns = operands[:m], operands[m:]
+        n, d = len(idx), x.shape[1]
+        rows = x[idx]
+        for b in bs:
+            if b.shape != (d, 1):
+                raise ValueError("GatherGLMRows: shapes do not match")
+        for column, var in zip(columns, node.inputs[2 + m :], strict=True):
+            shape = zip(var.type.broadcastable, (n, d), strict=True)
+            expected = tuple(1 if broadcast else size for broadcast, size in shape)
+            if column.shape != expected:
+                raise ValueError("GatherGLMRows: shapes do not match")
+        predictors = [rows @ b for b in bs]
+        values = {"x": lambda k: rows, "z": lambda k: predictors[k], "c": lambda k: columns[k]}
+
+        def evaluate(scalar_op, args):
+            arrays = [values[kind](k) for kind, k in args]
+            result = np.frompyfunc(scalar_op.impl, len(arrays), scalar_op.nout)(*arrays)
+            return result if scalar_op.nout > 1 else (result,)
+
+        if self.weights_op is not None:
+            weights = evaluate(self.weights_op, self.weights_args)
+            values["w"] = lambda k: weights[k]
+        results = evaluate(self.rows_op, self.rows_args)
+        for output, var, result, total in zip(
+            outputs, node.outputs, results, self.sums, strict=True
+        ):
+            result = np.broadcast_to(result, (n, d))
+            if total is None:
+                output[0] = np.asarray(result, dtype=var.type.dtype)
+            else:
+                output[0] = np.asarray(result.astype(total[0]).sum(axis=0), dtype=var.type.dtype)
+
+
 # ---------------------------------------------------------------------- numba kernels
 #: Rows requested ahead of the ones being read in the first pass over a minibatch: random rows
 #: of a large X come from L3 or memory, and the CPU's prefetchers cannot guess the next row.
@@ -579,31 +684,44 @@ def _glm_kernel_source(op: GatherGLMProduct, broadcast: list[bool]) -> str:
     return _GLM_KERNEL.format(**body)
 
 
+def _scalar_function(scalar_op, dtypes: list[str], kwargs) -> tuple:
+    """The numba function of a scalar op for arguments of ``dtypes``, and its cache key (None
+    when it has none)."""
+    scalar_node = scalar_op.make_node(*(get_scalar_type(d)() for d in dtypes))
+    return numba_funcify_and_cache_key(scalar_op, node=scalar_node, **kwargs)
+
+
+def _compiled_kernel(source: str, name: str, functions: dict, key_parts, **names):
+    """A kernel's ``source`` compiled with the scalar ``functions`` (name: (function, key)),
+    the shared helpers and ``names`` as its globals; cached under ``key_parts`` and the
+    functions' keys (not cached when one has none)."""
+    keys = [key for _, key in functions.values()]
+    key = None
+    if all(k is not None for k in keys):
+        parts = "|".join(map(str, (_CACHE_SALT, *key_parts, *keys)))
+        key = hashlib.sha256(parts.encode()).hexdigest()
+    helpers = (_prefetch_row, _row, _column, _set_column, _zero, _opaque)
+    env = {"np": np, "PREFETCH_ROWS": PREFETCH_ROWS, **names}
+    env |= {h.__name__: h for h in helpers}
+    env |= {fname: f for fname, (f, _) in functions.items()}
+    kernel = compile_numba_function_src(source, name, env, cache_key=key)
+    # numba's full fast math, as the other kernels: its dot products are vectorised by
+    # reordering their sums, in this function's own optimisation (``numba_compile``).
+    return numba_njit(kernel, fastmath=True), key
+
+
 def _compiled_glm_kernel(
     op, columns, z_positions, name, z_dtype, source, key_parts, kwargs, **names
 ):
     """A GLM op's kernel: ``source(op, broadcast)`` compiled with the numba function ``f`` of
     the op's scalar op (the predictors, of ``z_dtype``, at ``z_positions``; the op's further
-    inputs ``columns`` elsewhere, ``broadcast`` saying which of them broadcast), the shared
-    helpers and ``names`` as its globals; cached under ``key_parts`` and ``f``'s key (not
-    cached when ``f`` has none)."""
+    inputs ``columns`` elsewhere, ``broadcast`` saying which of them broadcast)."""
     dtypes = [c.type.dtype for c in columns]
     for position in sorted(z_positions):
         dtypes.insert(position, z_dtype)
-    scalar_node = op.scalar_op.make_node(*(get_scalar_type(d)() for d in dtypes))
-    f, scalar_key = numba_funcify_and_cache_key(op.scalar_op, node=scalar_node, **kwargs)
+    f = _scalar_function(op.scalar_op, dtypes, kwargs)
     broadcast = [bool(c.type.broadcastable[0]) for c in columns]
-    key = None
-    if scalar_key is not None:
-        parts = "|".join(map(str, (_CACHE_SALT, *key_parts, broadcast, scalar_key)))
-        key = hashlib.sha256(parts.encode()).hexdigest()
-    helpers = (_prefetch_row, _row, _column, _set_column, _zero, _opaque)
-    env = {"np": np, "PREFETCH_ROWS": PREFETCH_ROWS, "f": f, **names}
-    env |= {h.__name__: h for h in helpers}
-    kernel = compile_numba_function_src(source(op, broadcast), name, env, cache_key=key)
-    # numba's full fast math, as the other kernels: its dot products are vectorised by
-    # reordering their sums, in this function's own optimisation (``numba_compile``).
-    return numba_njit(kernel, fastmath=True), key
+    return _compiled_kernel(source(op, broadcast), name, {"f": f}, (*key_parts, broadcast), **names)
 
 
 @register_funcify_and_cache_key(GatherGLMProduct)
@@ -691,6 +809,150 @@ def _numba_gather_glm_sum(op, node, **kwargs):
     )
 
 
+def _glm_rows_kernel_source(op: GatherGLMRows, broadcast: list[tuple[bool, bool]]) -> str:
+    """The kernel of :class:`GatherGLMRows`: the loops of :class:`GatherGLMProduct`'s kernel
+    (four rows at a time, rows prefetched ahead), with each row's entries of ``h`` written or
+    summed in place of its gradient. ``s{row}_{k}`` is the row's predictor k, ``w{row}_{k}``
+    output k of ``f``, ``e{row}_{k}`` output k of ``h`` at column j; ``broadcast`` the
+    operands' broadcastable dimensions."""
+    m, n_out = op.n_predictors, op.rows_op.nout
+    n_weights = 0 if op.weights_op is None else op.weights_op.nout
+    cs = [f"c{k}" for k in range(len(broadcast))]
+
+    def operand(k: int, row: str, col: str) -> str:
+        bc_row, bc_col = broadcast[k]
+        return f"c{k}[{'0' if bc_row else row}, {'0' if bc_col else col}]"
+
+    def args(sources, name: str, row: str, r: str) -> str:
+        value = {
+            "x": lambda k: f"x[{r}, j]",
+            "z": lambda k: f"s{name}_{k}",
+            "w": lambda k: f"w{name}_{k}",
+            "c": lambda k: operand(k, row, "j"),
+        }
+        return ", ".join(value[kind](k) for kind, k in sources)
+
+    def weight_lines(name: str, row: str, r: str) -> list[str]:
+        """The row's weights (``row``: its index in the minibatch, ``r``: its row of x)."""
+        if not n_weights:
+            return []
+        weights = ", ".join(f"w{name}_{k}" for k in range(n_weights))
+        return [f"        {weights} = f({args(op.weights_args, name, row, r)})"]
+
+    def entries(name: str, row: str, r: str) -> str:
+        """The row's entries of h at column j."""
+        outs = ", ".join(f"e{name}_{k}" for k in range(n_out))
+        return f"            {outs} = h({args(op.rows_args, name, row, r)})"
+
+    lines = [
+        f"def gather_glm_rows(x, idx, {', '.join([f'b{k}' for k in range(m)] + cs)}):",
+        "    n, d, n_rows = idx.shape[0], x.shape[1], x.shape[0]",
+    ]
+    for k in range(m):
+        lines += [
+            f"    if b{k}.shape[0] != d or b{k}.shape[1] != 1:",
+            '        raise ValueError("GatherGLMRows: shapes do not match")',
+        ]
+    for k, (bc_row, bc_col) in enumerate(broadcast):
+        lines += [
+            f"    if c{k}.shape[0] != {'1' if bc_row else 'n'} or "
+            f"c{k}.shape[1] != {'1' if bc_col else 'd'}:",
+            '        raise ValueError("GatherGLMRows: shapes do not match")',
+        ]
+    lines += [
+        "    d = _opaque(d)  # the loops' length unknown to the optimiser (see _opaque)",
+        "    first = b0.shape[1] - 1  # a run-time index, as in gather_glm",
+        *(f"    v{k} = _column(b{k}, first)" for k in range(m)),
+    ]
+    for k, total in enumerate(op.sums):
+        lines.append(
+            f"    o{k} = np.empty((n, d), dtype=dtype{k})"
+            if total is None
+            else f"    o{k} = np.zeros(d, dtype=acc{k})"
+        )
+    lines += [
+        "    for k in range(min(PREFETCH_ROWS, n)):",
+        "        _prefetch_row(x, idx[k])",
+        "    i = 0",
+        "    while i + 4 <= n:",
+        "        for k in range(4):",
+        "            if i + PREFETCH_ROWS + k < n:",
+        "                _prefetch_row(x, idx[i + PREFETCH_ROWS + k])",
+        "        r0, r1 = _row(idx[i], n_rows), _row(idx[i + 1], n_rows)",
+        "        r2, r3 = _row(idx[i + 2], n_rows), _row(idx[i + 3], n_rows)",
+        *(f"        s0_{k} = s1_{k} = s2_{k} = s3_{k} = _zero(v{k})" for k in range(m)),
+        "        for j in range(d):",
+    ]
+    for k in range(m):
+        lines.append(f"            vj{k} = v{k}[j]")
+        lines += [f"            s{q}_{k} += x[r{q}, j] * vj{k}" for q in range(4)]
+    for q in range(4):
+        lines += weight_lines(str(q), f"i + {q}", f"r{q}")
+    lines.append("        for j in range(d):")
+    lines += [entries(str(q), f"i + {q}", f"r{q}") for q in range(4)]
+    for k, total in enumerate(op.sums):
+        if total is None:
+            lines += [f"            o{k}[i + {q}, j] = e{q}_{k}" for q in range(4)]
+        else:
+            lines.append(
+                f"            o{k}[j] += " + " + ".join(f"acc{k}(e{q}_{k})" for q in range(4))
+            )
+    lines += [
+        "        i += 4",
+        "    while i < n:",
+        "        row = _row(idx[i], n_rows)",
+        *(f"        si_{k} = _zero(v{k})" for k in range(m)),
+        "        for j in range(d):",
+        *(f"            si_{k} += x[row, j] * v{k}[j]" for k in range(m)),
+        *weight_lines("i", "i", "row"),
+        "        for j in range(d):",
+        entries("i", "i", "row"),
+    ]
+    for k, total in enumerate(op.sums):
+        lines.append(
+            f"            o{k}[i, j] = ei_{k}"
+            if total is None
+            else f"            o{k}[j] += acc{k}(ei_{k})"
+        )
+    lines.append("        i += 1")
+    returned = []
+    for k, total in enumerate(op.sums):
+        if total is None:
+            returned.append(f"o{k}")
+        else:  # the sum in the output's dtype, element by element (see _column)
+            lines += [
+                f"    t{k} = np.empty(d, dtype=dtype{k})",
+                "    for j in range(d):",
+                f"        t{k}[j] = o{k}[j]",
+            ]
+            returned.append(f"t{k}")
+    lines.append(f"    return {', '.join(returned)}")
+    return "\n".join(lines) + "\n"
+
+
+@register_funcify_and_cache_key(GatherGLMRows)
+def _numba_gather_glm_rows(op, node, **kwargs):
+    m = op.n_predictors
+    operands = node.inputs[2 + m :]
+    weight_dtypes, row_dtypes = op._dtypes(node.inputs[0].type.dtype, operands)
+    functions = {"h": _scalar_function(op.rows_op, row_dtypes, kwargs)}
+    if op.weights_op is not None:
+        functions["f"] = _scalar_function(op.weights_op, weight_dtypes, kwargs)
+    broadcast = [tuple(bool(b) for b in c.type.broadcastable) for c in operands]
+    names = {}
+    for k, (var, total) in enumerate(zip(node.outputs, op.sums, strict=True)):
+        names[f"dtype{k}"] = np.dtype(var.type.dtype)
+        if total is not None:
+            names[f"acc{k}"] = np.dtype(total[0]).type
+    return _compiled_kernel(
+        _glm_rows_kernel_source(op, broadcast),
+        "gather_glm_rows",
+        functions,
+        ("rows", op.weights_args, op.rows_args, op.sums, broadcast),
+        **names,
+    )
+
+
 #: PyTensor caches a compiled op under its class name and props: salting that key with the
 #: kernels' source (and the constants compiled into them, which no source above shows)
 #: makes an edited kernel recompile instead of loading the cached one.
@@ -712,10 +974,14 @@ _CACHE_SALT = int(
                 _numba_gather_dot,
                 _numba_gather_tdot,
                 _glm_kernel_source,
+                _scalar_function,
+                _compiled_kernel,
                 _compiled_glm_kernel,
                 _numba_gather_glm,
                 _glm_sum_kernel_source,
                 _numba_gather_glm_sum,
+                _glm_rows_kernel_source,
+                _numba_gather_glm_rows,
             )
         ).encode()
         + _GLM_KERNEL.encode()
@@ -906,12 +1172,112 @@ def fuse_glm_sums(fgraph, node):
     return [new] if new.type == node.outputs[0].type else None
 
 
+def _predictor_of(var, x, idx) -> bool:
+    """Whether ``var`` is a one-column ``X[idx] @ b`` of X's dtype."""
+    node = var.owner
+    return (
+        node is not None
+        and isinstance(node.op, GatherDot)
+        and node.inputs[:2] == [x, idx]
+        and var.type.broadcastable[1]
+        and var.type.dtype == x.type.dtype
+    )
+
+
+def _only_read_by(fgraph, outputs, nodes) -> bool:
+    """Whether every client of ``outputs`` is one of ``nodes``."""
+    return all(client in nodes for out in outputs for client, _ in fgraph.clients[out])
+
+
+@node_rewriter([Elemwise])
+def fuse_glm_rows(fgraph, node):
+    """``h(X[idx], f(X[idx] @ b, a...), c...)`` -> ``GatherGLMRows``, for an elementwise
+    ``h`` (one ``Elemwise`` of (n, D) outputs) of the rows, predictors ``X[idx] @ b`` (read
+    directly or through an elementwise ``f`` of (n, 1) columns) and other operands, when
+    nothing else reads the predictors or ``f``: the per-observation gradients of a GLM. An
+    output read only by ``Sum(axis=0)`` becomes that sum (the force), so it is never
+    written."""
+    inputs = node.inputs
+    gathered = [(k, _gathered_rows(v)) for k, v in enumerate(inputs) if v.type.ndim == 2]
+    gathered = [(k, rows) for k, rows in gathered if rows is not None]
+    if len(gathered) != 1 or any(v.type.ndim != 2 for v in inputs):
+        return None
+    x_position, (x, idx) = gathered[0]
+    if x.type.dtype not in ("float32", "float64") or node.outputs[0].type.broadcastable[1]:
+        return None
+    weights = {
+        v.owner
+        for v in inputs
+        if v.owner is not None
+        and isinstance(v.owner.op, Elemwise)
+        and any(_predictor_of(u, x, idx) for u in v.owner.inputs)
+    }
+    if len(weights) > 1:
+        return None
+    weights_node = weights.pop() if weights else None
+    if weights_node is not None and (
+        not _only_read_by(fgraph, weights_node.outputs, {node})
+        or not all(v.type.ndim == 2 and v.type.broadcastable[1] for v in weights_node.inputs)
+    ):
+        return None
+    predictors, operands = [], []
+
+    def source(var) -> tuple[str, int]:
+        if _predictor_of(var, x, idx):
+            if var not in predictors:
+                predictors.append(var)
+            return ("z", predictors.index(var))
+        if var not in operands:
+            operands.append(var)
+        return ("c", operands.index(var))
+
+    weights_args = [] if weights_node is None else [source(v) for v in weights_node.inputs]
+    rows_args = []
+    for k, var in enumerate(inputs):
+        if k == x_position:
+            rows_args.append(("x", 0))
+        elif weights_node is not None and var.owner is weights_node:
+            rows_args.append(("w", weights_node.outputs.index(var)))
+        else:
+            rows_args.append(source(var))
+    readers = {node} if weights_node is None else {node, weights_node}
+    if not predictors or not _only_read_by(fgraph, predictors, readers):
+        return None
+    sums, replaced = [], []
+    for out in node.outputs:
+        clients = fgraph.clients[out]
+        client = clients[0][0] if len(clients) == 1 else None
+        if client is not None and isinstance(client.op, Sum) and client.op.axis == (0,):
+            sums.append((client.op.acc_dtype, client.outputs[0].type.dtype))
+            replaced.append(client.outputs[0])
+        else:
+            sums.append(None)
+            replaced.append(out)
+    op = GatherGLMRows(
+        None if weights_node is None else weights_node.op.scalar_op,
+        weights_args,
+        node.op.scalar_op,
+        rows_args,
+        sums,
+    )
+    new = op(x, idx, *(z.owner.inputs[2] for z in predictors), *operands)
+    new = new if isinstance(new, list) else [new]
+    if any(n.type != old.type for n, old in zip(new, replaced, strict=True)):
+        return None
+    return dict(zip(replaced, new, strict=True))
+
+
 # After specialisation (the products are in their final Dot form), before elemwise fusion (49).
 optdb.register(
     "fuse_gather_dots", in2out(fuse_gather_dots, absorb_specified_shape), TAG, position=48.5
 )
 # After elemwise fusion (49; ``f`` is then one Elemwise), before the in-place rewrites (49.5).
-optdb.register("fuse_glm_products", in2out(fuse_glm_products, fuse_glm_sums), TAG, position=49.25)
+optdb.register(
+    "fuse_glm_products",
+    in2out(fuse_glm_products, fuse_glm_sums, fuse_glm_rows),
+    TAG,
+    position=49.25,
+)
 
 
 def including_for_linker(mode, linker: type, tag: str) -> Mode | str | None:

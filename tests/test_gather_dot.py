@@ -16,21 +16,23 @@ import pytensor
 import pytensor.scalar as ps
 import pytensor.tensor as pt
 import pytest
-from checks import one_chain
+from checks import chain_from_the_mean
 from models import GaussianRegression
+from pytensor.tensor.subtensor import AdvancedSubtensor
 
 import pymc_sgmcmc.base as base
-from pymc_sgmcmc import SGLD
+from pymc_sgmcmc import SGLD, MCCAdL
 from pymc_sgmcmc.gather_dot import (
     GatherDot,
     GatherGLMProduct,
+    GatherGLMRows,
     GatherGLMSum,
     GatherTDot,
     with_gather_dot,
 )
 
 NUMBA = with_gather_dot(pytensor.compile.mode.get_mode("NUMBA"))
-FUSED = GatherDot | GatherTDot | GatherGLMProduct | GatherGLMSum
+FUSED = GatherDot | GatherTDot | GatherGLMProduct | GatherGLMSum | GatherGLMRows
 
 
 def fused_ops(fn) -> set[str]:
@@ -123,22 +125,34 @@ def test_rewrite_replaces_the_products_of_a_minibatch_and_its_gradient():
     assert fused_ops(pytensor.function([idx, W], data[idx] @ W, mode=NUMBA)) == set()
 
 
+#: The fused ops of each sampler's block: the force in one pass (SGLD's gradient, or the
+#: per-observation gradients and their sum that mCCAdL's covariance estimate needs), and the
+#: minibatch log-density in another (a lazy branch).
+FORCE_OPS = {
+    SGLD: {"GatherGLMProduct", "GatherGLMSum"},
+    MCCAdL: {"GatherGLMRows", "GatherGLMSum"},
+}
+
+
 @pytest.mark.parametrize("dtype", ["float64", "float32"])
 @pytest.mark.parametrize("control_variates", [False, True])
+@pytest.mark.parametrize("sampler", FORCE_OPS)
 def test_sampler_chain_is_the_same_with_and_without_the_fused_products(
-    monkeypatch, dtype, control_variates
+    monkeypatch, dtype, control_variates, sampler
 ):
     """With control variates the force reads the minibatch's rows at the draw and at the
-    anchor: the same single pass computes both gradients (no separate product is left)."""
+    anchor: the same single pass computes both (no separate product is left)."""
     problem = GaussianRegression.make(n_obs=500, dim=3, batch_size=50, dtype=dtype)
-    make = partial(SGLD, step_size=1e-4, thin=5, control_variates=control_variates)
+    make = partial(sampler, step_size=1e-4, thin=5, control_variates=control_variates)
 
     def draws():
-        return one_chain(problem, make, draws=300, seed=3)
+        with problem.model():  # from the posterior mean: near the anchor, thermostat at rest
+            step = make()
+            idata = chain_from_the_mean(problem, step, draws=300, seed=3)
+        return step, idata.posterior["w"].values[0]
 
     step, fused = draws()
-    # The force in one pass, and the minibatch log-density (a lazy branch) in another.
-    assert fused_ops(step._block_function()[0]) == {"GatherGLMProduct", "GatherGLMSum"}
+    assert fused_ops(step._block_function()[0]) == FORCE_OPS[sampler]
     monkeypatch.setattr(base, "with_gather_dot", lambda mode: mode)
     step, plain = draws()
     assert fused_ops(step._block_function()[0]) == set()
@@ -315,3 +329,97 @@ def test_single_pass_of_two_predictors_checks_shapes_and_rows(mode):
         fn(X, idx, B, np.ones((4, 1)), a)  # the second b does not fit X's columns
     with pytest.raises(IndexError):
         fn(X, np.array([0, 5, 1]), B, C, a)
+
+
+def glm_rows(idx, w, anchor):
+    """Per-observation gradients of minibatch likelihoods that read the data through
+    X[idx] @ w, as the covariance samplers use them: rounded to float32 for the low-rank
+    products, and summed over the rows for the force. A linear regression (the weights a
+    separate ``Elemwise`` of the predictor and y[idx]), its control-variate difference
+    g_i(w) - g_i(anchor) over the same rows (two predictors, one weight ``Elemwise`` of two
+    outputs) and a logistic regression (the predictor read by the rows' ``Elemwise``
+    itself)."""
+    rng = np.random.default_rng(1)
+    dtype = w.type.dtype
+    data = pytensor.shared(rng.standard_normal((40, 6)).astype(dtype))
+    y = pytensor.shared(rng.standard_normal(40).astype(dtype))
+
+    def linear(w):
+        return data[idx] * (y[idx] - data[idx] @ w)[:, None] * 20.0
+
+    logistic = data[idx] * pt.sigmoid(data[idx] @ w)[:, None]
+    return [linear(w), linear(w) - linear(anchor), logistic]
+
+
+@pytest.mark.parametrize("dtype", ["float64", "float32"])
+@pytest.mark.parametrize("n", [10, 31, 3])  # 31: rows past the prefetch distance and a tail
+def test_rows_in_one_pass_equal_the_gather_and_the_elementwise_rows(n, dtype):
+    """The rows and their sum from one read of each row, with no product or copy of the rows
+    left, the same as PyTensor's predictor product and fused loop give."""
+    idx = pt.vector("idx", dtype="int64", shape=(n,))
+    w, anchor = (pt.vector(name, shape=(6,), dtype=dtype) for name in ("w", "anchor"))
+    rng = np.random.default_rng(2)
+    args = (
+        rng.integers(-40, 40, size=n),
+        np.linspace(-1, 1, 6, dtype=dtype),
+        rng.standard_normal(6).astype(dtype),
+    )
+    tol = 1e-12 if dtype == "float64" else 1e-5  # float32 sums of a few rows
+    python_mode = NUMBA.clone(linker="py", optimizer=NUMBA.optimizer)
+    for rows in glm_rows(idx, w, anchor):
+        outputs = [rows.astype("float32"), rows.sum(axis=0)]
+        compile_in = partial(pytensor.function, [idx, w, anchor], outputs, on_unused_input="ignore")
+        fused, plain = compile_in(mode=NUMBA), compile_in(mode="NUMBA")
+        python = compile_in(mode=python_mode)  # the NumPy perform of the same op
+        assert fused_ops(fused) == fused_ops(python) == {"GatherGLMRows"}
+        assert not any(  # the rows are read in place, never copied
+            isinstance(node.op, AdvancedSubtensor) and node.inputs[0].type.ndim == 2
+            for node in fused.maker.fgraph.apply_nodes
+        )
+        expected = plain(*args)
+        for got in (fused(*args), python(*args)):
+            for value, reference in zip(got, expected, strict=True):
+                assert value.dtype == reference.dtype
+                np.testing.assert_allclose(value, reference, rtol=tol, atol=tol * 20)
+
+
+@pytest.mark.parametrize("mode", ["NUMBA", "FAST_COMPILE"])
+def test_rows_in_one_pass_check_shapes_and_rows(mode):
+    """A hand-made op: weights f(a, z) = a - z of a column a, rows h(x, w, c) = (x w + c,
+    x w) of a (1, D) operand c, the second summed over the rows."""
+    x, i, b = pt.matrix(), pt.vector(dtype="int64"), pt.matrix()
+    column, row = pt.tensor(shape=(None, 1)), pt.tensor(shape=(1, None))
+    sx, sw, sc = (ps.float64(name) for name in "xwc")
+    h = ps.Composite([sx, sw, sc], [sx * sw + sc, sx * sw])
+    op = GatherGLMRows(
+        ps.sub,
+        [("c", 0), ("z", 0)],
+        h,
+        [("x", 0), ("w", 0), ("c", 1)],
+        [None, ("float64", "float64")],
+    )
+    fn = pytensor.function([x, i, b, column, row], op(x, i, b, column, row), mode=mode)
+    X, idx, B = np.arange(15.0).reshape(5, 3), np.array([0, 4, -1, 2, 1]), np.ones((3, 1))
+    a, c = np.arange(5.0)[:, None], np.array([[1.0, -1.0, 0.5]])
+    weighted = X[idx] * (a - X[idx] @ B)
+    rows, total = fn(X, idx, B, a, c)
+    np.testing.assert_allclose(rows, weighted + c)
+    np.testing.assert_allclose(total, weighted.sum(axis=0))
+    with pytest.raises(ValueError):
+        fn(X, idx, B, np.ones((2, 1)), c)  # a column that does not fit the minibatch
+    with pytest.raises(ValueError):
+        fn(X, idx, B, a, np.ones((1, 4)))  # a row that does not fit X's columns
+    with pytest.raises(ValueError):
+        fn(X, idx, np.ones((4, 1)), a, c)  # b does not fit X's columns
+    with pytest.raises(IndexError):
+        fn(X, np.array([0, 5, 1, 2, 3]), B, a, c)  # a row of X that is not there
+
+
+def test_rows_in_one_pass_only_where_nothing_else_reads_the_predictor():
+    """With the predictor an output too, the product stays (the single pass would compute
+    it twice), and PyTensor's own loop writes the rows."""
+    idx, w = pt.vector("idx", dtype="int64", shape=(10,)), pt.vector("w", shape=(6,))
+    data = pytensor.shared(np.ones((40, 6)))
+    z = data[idx] @ w
+    fn = pytensor.function([idx, w], [z, data[idx] * z[:, None]], mode=NUMBA)
+    assert fused_ops(fn) == {"GatherDot"}
