@@ -205,11 +205,9 @@ def test_single_pass_product_equals_the_two_products(n, dtype):
         np.testing.assert_allclose(python(*args), plain(*args), rtol=tol, atol=tol)
 
 
-@pytest.mark.parametrize("dtype", ["float64", "float32"])
-@pytest.mark.parametrize("n", [10, 31, 3])
-def test_single_pass_of_two_positions_equals_the_four_products(n, dtype):
-    """The control-variate difference g(w) - g(anchor) over the same rows: both gradients
-    in one pass, each the same as the two products give."""
+def two_positions(n: int, dtype: str):
+    """Inputs (rows, position, anchor) of a minibatch of ``n`` rows of the 40 x 6 data, and
+    values for them (negative rows among them)."""
     idx = pt.vector("idx", dtype="int64", shape=(n,))
     w, anchor = (pt.vector(name, shape=(6,), dtype=dtype) for name in ("w", "anchor"))
     rng = np.random.default_rng(2)
@@ -218,6 +216,15 @@ def test_single_pass_of_two_positions_equals_the_four_products(n, dtype):
         np.linspace(-1, 1, 6, dtype=dtype),
         rng.standard_normal(6).astype(dtype),
     )
+    return (idx, w, anchor), args
+
+
+@pytest.mark.parametrize("dtype", ["float64", "float32"])
+@pytest.mark.parametrize("n", [10, 31, 3])
+def test_single_pass_of_two_positions_equals_the_four_products(n, dtype):
+    """The control-variate difference g(w) - g(anchor) over the same rows: both gradients
+    in one pass, each the same as the two products give."""
+    (idx, w, anchor), args = two_positions(n, dtype)
     tol = 1e-12 if dtype == "float64" else 1e-5
     gradients = glm_gradients(idx, w)
     at_anchor = pytensor.graph.clone_replace(gradients, {w: anchor})  # the same data
@@ -356,14 +363,7 @@ def glm_rows(idx, w, anchor):
 def test_rows_in_one_pass_equal_the_gather_and_the_elementwise_rows(n, dtype):
     """The rows and their sum from one read of each row, with no product or copy of the rows
     left, the same as PyTensor's predictor product and fused loop give."""
-    idx = pt.vector("idx", dtype="int64", shape=(n,))
-    w, anchor = (pt.vector(name, shape=(6,), dtype=dtype) for name in ("w", "anchor"))
-    rng = np.random.default_rng(2)
-    args = (
-        rng.integers(-40, 40, size=n),
-        np.linspace(-1, 1, 6, dtype=dtype),
-        rng.standard_normal(6).astype(dtype),
-    )
+    (idx, w, anchor), args = two_positions(n, dtype)
     tol = 1e-12 if dtype == "float64" else 1e-5  # float32 sums of a few rows
     python_mode = NUMBA.clone(linker="py", optimizer=NUMBA.optimizer)
     for rows in glm_rows(idx, w, anchor):
