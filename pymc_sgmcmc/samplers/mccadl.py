@@ -83,9 +83,10 @@ class MCCAdL(Thermostatted):
         1.43-1.48 SGLD steps per step against 2.4-2.6 for the paper's estimate
         (``benchmarks/covariance_results_cost_amd_epyc_2026-11-26.md``;
         1.56 against 2.59 on the Intel Xeon of
-        ``benchmarks/covariance_results_cost.md``; 1.28-1.33 there since the steps keep the
-        D x D matrices without copying them, :mod:`pymc_sgmcmc.kept_branches`), and gives the
-        same variance ratio as the every-step average at h = 5e-3 (1.52 against 1.51).
+        ``benchmarks/covariance_results_cost_xeon_2026-12-02.md``; 1.28-1.33 there since the
+        steps keep the D x D matrices without copying them,
+        :mod:`pymc_sgmcmc.kept_branches`), and gives the same variance ratio as the every-step
+        average at h = 5e-3 (1.52 against 1.51).
     noise_minibatch : {"same", "independent"}, default "same"
         The rows :math:`\Sigma` is estimated from. "same" (the paper's eq. 15): the
         minibatch of the step's force, whose per-observation gradients give both. The
@@ -104,8 +105,8 @@ class MCCAdL(Thermostatted):
         pass over a minibatch per step: 3.2 SGLD steps per step at D = 100 against 2.4
         (``benchmarks/covariance_results_cost_amd_epyc_2026-11-26.md``;
         3.57 against 2.59 on the Intel Xeon of
-        ``benchmarks/covariance_results_cost.md``). A periodic ``averaging`` removes it too,
-        at less cost, for D up to a few hundred.
+        ``benchmarks/covariance_results_cost_xeon_2026-12-02.md``). A periodic ``averaging``
+        removes it too, at less cost, for D up to a few hundred.
     noise_shrinkage : {None, "auto"} or float, default None
         None uses the paper's estimate of :math:`\Sigma` from one minibatch. Otherwise the
         estimate is shrunk towards the multiple of the identity with the same trace,
@@ -166,8 +167,10 @@ class MCCAdL(Thermostatted):
     gradients cost more than the summed gradient (CCAdL, which adds little else to SGNHT,
     takes 1.6x SGLD's time per step there): 2.4-2.6x SGLD's step in all
     (``benchmarks/covariance_results_cost_amd_epyc_2026-11-26.md``;
-    2.59x on the Intel Xeon of ``benchmarks/covariance_results_cost.md``,
-    2026-12-02, with the products' float32 sums).
+    2.59x on the Intel Xeon of ``benchmarks/covariance_results_cost_xeon_2026-12-02.md``,
+    with the products' float32 sums; 2.27-2.45x there since a GLM's per-observation
+    gradients are written in the pass that computes its predictors,
+    ``benchmarks/covariance_results_cost.md``, 2026-12-05).
 
     Sampler stats
     -------------

@@ -62,7 +62,7 @@ class NOGIN(SGMCMC):
         otherwise: at D = 100, n = 500 a CG step costs less than a fifth of a direct one (49
         against 271 µs, ``benchmarks/covariance_results_cost_amd_epyc_2026-11-26.md``;
         78 against 406 µs on the Intel Xeon of
-        ``benchmarks/covariance_results_cost.md``).
+        ``benchmarks/covariance_results_cost_xeon_2026-12-02.md``).
     cg_tolerance : float, default 1e-6
         Relative residual :math:`\|r\| / \|p\|` at which conjugate gradients stop (at least
         1e-5 for a float32 model, whose rounding leaves residuals of about 1e-6). The matrix
@@ -109,10 +109,10 @@ class NOGIN(SGMCMC):
         ``thin`` there) it costs 1.31-1.34 SGLD steps per step against 2.9-3.0 for the paper's
         estimate by CG (``benchmarks/covariance_results_cost_amd_epyc_2026-11-26.md``;
         1.48 against 2.73 on the Intel Xeon of
-        ``benchmarks/covariance_results_cost.md``; 1.19-1.23 there since the steps keep the
-        D x D matrices without copying them, :mod:`pymc_sgmcmc.kept_branches`), and at
-        h = 5e-3 gives a variance ratio of 1.03 against 1.01 for the every-step average and
-        1.49 for the paper's estimate.
+        ``benchmarks/covariance_results_cost_xeon_2026-12-02.md``; 1.19-1.23 there since the
+        steps keep the D x D matrices without copying them,
+        :mod:`pymc_sgmcmc.kept_branches`), and at h = 5e-3 gives a variance ratio of 1.03
+        against 1.01 for the every-step average and 1.49 for the paper's estimate.
     noise_minibatch : {"same", "independent"}, default "same"
         With "estimate" only: the rows :math:`\Sigma` is estimated from. "same" (the paper):
         the minibatch of the step's force. The estimate is then correlated with the force's
@@ -128,7 +128,7 @@ class NOGIN(SGMCMC):
         step at D = 100 against 2.9 by CG
         (``benchmarks/covariance_results_cost_amd_epyc_2026-11-26.md``;
         3.83 against 2.73 on the Intel Xeon of
-        ``benchmarks/covariance_results_cost.md``). A
+        ``benchmarks/covariance_results_cost_xeon_2026-12-02.md``). A
         periodic ``averaging`` removes it too, at less cost, for D up to a few hundred.
     noise_shrinkage : {None, "auto"} or float, default None
         With "estimate" only. None uses the paper's estimate of :math:`\Sigma` from one
