@@ -22,14 +22,24 @@ variants of a table alternated):
    also computes the predictor row by row;
 4. conjugate-gradient iterations for NOGIN's system ((1 + l2) I + h^2 Sigma / 4) x = p at
    ``cg_tolerance = 1e-6``, with and without a Jacobi preconditioner, Sigma estimated from
-   the minibatch per-observation gradients at P1's posterior mean (20 minibatches each).
+   the minibatch per-observation gradients at P1's posterior mean (20 minibatches each);
+5. mCCAdL's compiled block, as ``benchmarks/covariance.py`` times it (D = 100, n = 500,
+   h = 1e-3, from the posterior mean, the smallest of 7 fills of 1,000 steps alternated with
+   SGLD's), with its Lanczos kernel (``LowRankExpm``) as it is, replaced by exp(0) v = v
+   (what the rest of the step costs), and replaced by the 3 products ``Gc^T (Gc w)`` it
+   makes there and nothing else (what its bookkeeping costs). Each variant runs in a process
+   of its own, since a replaced kernel is registered for the op's type; the table gives each
+   process's SGLD time beside it. (NOGIN's step with its solve replaced by a^{-1} v is not
+   NOGIN's step less the solve: that chain diverged in a timed fill.)
 
 Run: ``.venv/bin/python benchmarks/product_floor.py [--output
-benchmarks/product_floor_results.md]``.
+benchmarks/product_floor_results.md]`` (about two minutes on the Intel Xeon).
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
 import sys
 import time
 from collections.abc import Callable
@@ -45,7 +55,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).parent.parent / "tests"))
 
 from models import GaussianRegression
-from report import header, output_path, write
+from report import child_result, header, output_path, write
 
 from pymc_sgmcmc.gather_dot import _gather_matvec
 from pymc_sgmcmc.gram_product import _centred_gram, _centred_gram_double, _centred_gram_single
@@ -344,6 +354,73 @@ def cg_rows(rng) -> list[str]:
     return rows
 
 
+# ---------------------------------------------------------------- 5. the blocks, C step stubbed
+#: The Lanczos products of mCCAdL's step at h = 1e-3 from the posterior mean (its
+#: expm_products stat: 3.006 on average over 1,000 steps).
+LANCZOS_PRODUCTS = 3
+STUBS = {
+    "as it is": None,
+    "replaced by exp(0) v = v": "identity",
+    f"replaced by its {LANCZOS_PRODUCTS} products alone": "products",
+}
+
+
+def stub_lanczos_kernel(stub: str) -> None:
+    """Register numba code for ``LowRankExpm`` that returns its vector unchanged
+    (``stub="identity"``), or first computes ``LANCZOS_PRODUCTS`` products with the
+    minibatch's Gram operator, each from the last, and returns the last vector
+    (``"products"``)."""
+    from pytensor.link.numba.dispatch.basic import register_funcify_default_op_cache_key
+
+    from pymc_sgmcmc.krylov import LowRankExpm
+
+    identity, products = stub == "identity", LANCZOS_PRODUCTS
+
+    @numba.njit
+    def expm_stub(g, mean, columns, gain, shift, t, v):
+        w, out = v.copy(), np.empty_like(v)
+        for _ in range(0 if identity else products):
+            _centred_gram(g, mean, w, out)
+            for j in range(w.shape[0]):
+                w[j] = v[j] + 1e-9 * out[j]  # a new vector each time, near v
+        return w, np.asarray(0 if identity else products)
+
+    # A cache key of its own, the same in every process (str hashes are salted).
+    salt = int(hashlib.sha256(f"product_floor {stub}".encode()).hexdigest()[:12], 16)
+    register_funcify_default_op_cache_key(LowRankExpm)(lambda op, node, **kwargs: (expm_stub, salt))
+
+
+def block_child(stub: str) -> dict[str, float]:
+    """SGLD's and mCCAdL's µs per step in their compiled blocks, ``stub`` ("none",
+    "identity" or "products") standing for mCCAdL's Lanczos kernel."""
+    import covariance
+
+    if stub != "none":
+        stub_lanczos_kernel(stub)
+    problem, h = covariance.regression(DIM)
+    mean, steps, best = problem.mean, {}, {}
+    for name in ("SGLD", "mCCAdL"):
+        with problem.model() as model:
+            steps[name] = covariance.make(name, h, 1.0, thin=10)
+        covariance.prepared_block(problem, steps[name], model)
+        best[name] = np.inf
+    for _ in range(covariance.COST_REPEATS):
+        for name, step in steps.items():
+            best[name] = min(best[name], covariance.block_us_per_step(step, mean))
+            if step.buffer["diverging"].any():  # a restart's cost is not the step's
+                raise RuntimeError(f"{name} diverged in a timed fill (stub {stub})")
+    return best
+
+
+def block_rows() -> list[str]:
+    rows = []
+    for label, stub in STUBS.items():
+        us = child_result([__file__, "--block-child", stub or "none"])
+        ratio = us["mCCAdL"] / us["SGLD"]
+        rows.append(f"| {label} | {us['mCCAdL']:.1f} | {us['SGLD']:.1f} | {ratio:.2f} |")
+    return rows
+
+
 def main() -> None:
     output = output_path(__doc__)
     rng = np.random.default_rng(0)
@@ -372,9 +449,18 @@ def main() -> None:
         "| h | lambda^2 | condition number | iterations | with a Jacobi preconditioner |",
         "| --- | --- | --- | --- | --- |",
         *cg_rows(rng),
+        "",
+        "## 5. mCCAdL's compiled block with its Lanczos kernel replaced (µs per step, D = 100)",
+        "",
+        "| Lanczos kernel | mCCAdL µs | SGLD µs (same process) | ratio |",
+        "| --- | --- | --- | --- |",
+        *block_rows(),
     ]
     write(lines, output)
 
 
 if __name__ == "__main__":
-    main()
+    if sys.argv[1:2] == ["--block-child"]:  # one variant of section 5, in a process of its own
+        print(json.dumps(block_child(sys.argv[2])))
+    else:
+        main()
