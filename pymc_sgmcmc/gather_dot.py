@@ -43,6 +43,13 @@ predictors, its weights and its entries of the rows and of their sum. mCCAdL's s
 43.5 instead of 51.2 µs and NOGIN's 43.3 instead of 49.9 µs on the benchmark's linear
 regression (D = 100, n = 500, h = 1e-7), and with control variates 46.0 instead of 58.9 and
 44.4 instead of 57.8 µs (one run each, old and new code in turn, 2026-12-05).
+
+Both single passes read the observed values ``y[idx]`` (any vector ``v[idx]`` that ``f``
+or ``h`` takes as an (n, 1) column) in place, at the rows of X they read, prefetched with
+them, as ``GatherGLMSum`` does: PyTensor copied ``y[idx]`` into a new array every step
+(about 1 µs for 500 of 10,000 values in numba's indexing, 3 µs for 1,000 of 10^6). Such a
+vector must have X's number of rows, as ``pm.Minibatch`` asserts of the arrays it
+minibatches together; another length raises ``ValueError``.
 """
 
 from __future__ import annotations
@@ -142,6 +149,31 @@ class GatherTDot(_GatherProduct):
         return x[idx].T @ r
 
 
+def _gathered_operands_fit(gathered: tuple[bool, ...], operands) -> bool:
+    """Whether ``gathered`` (empty: none) marks exactly the vectors among ``operands``, the
+    others being 2-d."""
+    marks = gathered or (False,) * len(operands)
+    return len(marks) == len(operands) and all(
+        v.type.ndim == (1 if g else 2) for g, v in zip(marks, operands, strict=True)
+    )
+
+
+#: The error of a gathered vector (the observed values) whose length is not X's number of
+#: rows: the kernels read it at X's rows, checked once, instead of checking every index again.
+#: ``pm.Minibatch`` asserts the same of the arrays it minibatches together.
+_ROWS_DIFFER = "a vector read at the minibatch rows (the observed values) and X differ in length"
+
+
+def _read_gathered(gathered: tuple[bool, ...], operands: list, x, idx) -> list:
+    """``operands`` with each gathered vector ``v`` read at the minibatch rows, as the
+    (n, 1) column ``v[idx][:, None]`` it stands for; ``v`` must have X's number of rows."""
+    if not gathered:
+        return list(operands)
+    if any(g and len(v) != len(x) for g, v in zip(gathered, operands, strict=True)):
+        raise ValueError(_ROWS_DIFFER)
+    return [v[idx][:, None] if g else v for g, v in zip(gathered, operands, strict=True)]
+
+
 class GatherGLMProduct(Op):
     """``X[idx].T @ f(X[idx] @ b_1, ..., X[idx] @ b_m, a_1, ...)`` in one pass over the
     minibatch rows.
@@ -160,21 +192,33 @@ class GatherGLMProduct(Op):
     per output of ``f``: the force with control variates, ``g(theta) - g(anchor)`` over the
     same rows, needs the gradient at two positions, whose predictors and weights PyTensor
     fuses into one ``Elemwise`` of two outputs. One pass reads each row for both.
+
+    A column marked in ``gathered`` is a whole (N,) vector, such as the observed values,
+    read at each minibatch row (``a_k[idx[i]]``) where the graph copied ``a_k[idx]`` into a
+    column, as :class:`GatherGLMSum` reads it.
     """
 
-    __props__ = ("scalar_op", "z_positions", "out_shape")
+    __props__ = ("scalar_op", "z_positions", "out_shape", "gathered")
 
     def __init__(
-        self, scalar_op, z_positions: tuple[int, ...], out_shape: tuple[int | None, int | None]
+        self,
+        scalar_op,
+        z_positions: tuple[int, ...],
+        out_shape: tuple[int | None, int | None],
+        gathered: tuple[bool, ...] = (),
     ):
         self.scalar_op = scalar_op
         self.z_positions = tuple(z_positions)
         self.out_shape = tuple(out_shape)
+        self.gathered = tuple(bool(g) for g in gathered)
 
     def make_node(self, x, idx, *operands):
         x, idx, *operands = map(as_tensor_variable, (x, idx, *operands))
         if len(operands) < len(self.z_positions):
             raise TypeError("GatherGLMProduct: one b per predictor")
+        columns = operands[len(self.z_positions) :]
+        if not _gathered_operands_fit(self.gathered, columns):
+            raise TypeError("GatherGLMProduct: gathered columns are vectors, the others 2-d")
         shape = _known_shape((x.type.shape[1], 1), self.out_shape)
         outputs = [pt.tensor(dtype=x.type.dtype, shape=shape) for _ in range(self.scalar_op.nout)]
         return Apply(self, [x, idx, *operands], outputs)
@@ -192,7 +236,10 @@ class GatherGLMProduct(Op):
         m = len(self.z_positions)
         bs, columns = operands[:m], operands[m:]
         rows = x[idx]
+        columns = _read_gathered(self.gathered, columns, x, idx)
         for column, var in zip(columns, node.inputs[2 + m :], strict=True):
+            if var.type.ndim == 1:  # read at the rows: checked by the indexing
+                continue
             expected = (1, 1) if var.type.broadcastable[0] else (len(idx), 1)
             if column.shape != expected:
                 raise ValueError("GatherGLMProduct: shapes do not match")
@@ -289,16 +336,21 @@ class GatherGLMRows(Op):
 
     The force with control variates, ``g_i(theta) - g_i(anchor)``, reads the rows at two
     positions: both predictors come from the same read of each row.
+
+    An operand marked in ``gathered`` is a whole (N,) vector, such as the observed values,
+    read at each minibatch row (``c_k[idx[i]]``) where the graph copied ``c_k[idx]`` into an
+    (n, 1) column.
     """
 
-    __props__ = ("weights_op", "weights_args", "rows_op", "rows_args", "sums")
+    __props__ = ("weights_op", "weights_args", "rows_op", "rows_args", "sums", "gathered")
 
-    def __init__(self, weights_op, weights_args, rows_op, rows_args, sums):
+    def __init__(self, weights_op, weights_args, rows_op, rows_args, sums, gathered=()):
         self.weights_op = weights_op
         self.weights_args = tuple((str(kind), int(k)) for kind, k in weights_args)
         self.rows_op = rows_op
         self.rows_args = tuple((str(kind), int(k)) for kind, k in rows_args)
         self.sums = tuple(None if s is None else (str(s[0]), str(s[1])) for s in sums)
+        self.gathered = tuple(bool(g) for g in gathered)
         if len(self.sums) != rows_op.nout:
             raise ValueError("GatherGLMRows: one entry of sums per output of rows_op")
         if (weights_op is None) != (not self.weights_args):
@@ -322,8 +374,14 @@ class GatherGLMRows(Op):
     def make_node(self, x, idx, *operands):
         x, idx, *operands = map(as_tensor_variable, (x, idx, *operands))
         m = self.n_predictors
-        if len(operands) < m or any(c.type.ndim != 2 for c in operands):
-            raise TypeError("GatherGLMRows: one b per predictor, then 2-d operands")
+        if (
+            len(operands) < m
+            or any(b.type.ndim != 2 for b in operands[:m])
+            or not _gathered_operands_fit(self.gathered, operands[m:])
+        ):
+            raise TypeError(
+                "GatherGLMRows: one b per predictor, then 2-d operands (gathered: vectors)"
+            )
         _, dtypes = self._dtypes(x.type.dtype, operands[m:])
         out_types = self.rows_op.output_types([get_scalar_type(d) for d in dtypes])
         n, d = idx.type.shape[0], x.type.shape[1]
@@ -344,7 +402,10 @@ class GatherGLMRows(Op):
         for b in bs:
             if b.shape != (d, 1):
                 raise ValueError("GatherGLMRows: shapes do not match")
+        columns = _read_gathered(self.gathered, columns, x, idx)
         for column, var in zip(columns, node.inputs[2 + m :], strict=True):
+            if var.type.ndim == 1:  # read at the rows: checked by the indexing
+                continue
             shape = zip(var.type.broadcastable, (n, d), strict=True)
             expected = tuple(1 if broadcast else size for broadcast, size in shape)
             if column.shape != expected:
@@ -383,27 +444,35 @@ PREFETCH_ROWS = 8
 _PREFETCH_STRIDE = 8
 
 
+def _prefetch_codegen(context, builder, signature, args):
+    """Code that starts loading the cache line of ``args[0][args[1:]]`` into the caches
+    (LLVM's prefetch: read, high locality). A hint only: it changes no result and faults on
+    no address."""
+    array = context.make_array(signature.args[0])(context, builder, args[0])
+    pointer = cgutils.get_item_pointer(
+        context, builder, signature.args[0], array, args[1:], wraparound=False
+    )
+    i8_pointer, i32 = ir.IntType(8).as_pointer(), ir.IntType(32)
+    prefetch = cgutils.get_or_insert_function(
+        builder.module,
+        ir.FunctionType(ir.VoidType(), [i8_pointer, i32, i32, i32]),
+        "llvm.prefetch.p0i8",
+    )
+    # (address, read = 0, locality = 3: keep in every level, data cache = 1)
+    builder.call(prefetch, [builder.bitcast(pointer, i8_pointer), i32(0), i32(3), i32(1)])
+    return context.get_dummy_value()
+
+
 @intrinsic
 def _prefetch(typingctx, x, row, col):
-    """Start loading the cache line of ``x[row, col]`` into the caches (LLVM's prefetch:
-    read, high locality). A hint only: it changes no result and faults on no address."""
+    """Start loading the cache line of ``x[row, col]`` (a matrix) into the caches."""
+    return types.void(x, types.intp, types.intp), _prefetch_codegen
 
-    def codegen(context, builder, signature, args):
-        array = context.make_array(signature.args[0])(context, builder, args[0])
-        pointer = cgutils.get_item_pointer(
-            context, builder, signature.args[0], array, args[1:], wraparound=False
-        )
-        i8_pointer, i32 = ir.IntType(8).as_pointer(), ir.IntType(32)
-        prefetch = cgutils.get_or_insert_function(
-            builder.module,
-            ir.FunctionType(ir.VoidType(), [i8_pointer, i32, i32, i32]),
-            "llvm.prefetch.p0i8",
-        )
-        # (address, read = 0, locality = 3: keep in every level, data cache = 1)
-        builder.call(prefetch, [builder.bitcast(pointer, i8_pointer), i32(0), i32(3), i32(1)])
-        return context.get_dummy_value()
 
-    return types.void(x, types.intp, types.intp), codegen
+@intrinsic
+def _prefetch_item(typingctx, v, i):
+    """Start loading the cache line of ``v[i]`` (a vector) into the caches."""
+    return types.void(v, types.intp), _prefetch_codegen
 
 
 @intrinsic
@@ -433,6 +502,18 @@ def _prefetch_row(x, i):
     if 0 <= i < x.shape[0]:
         for j in range(0, x.shape[1], _PREFETCH_STRIDE):
             _prefetch(x, i, j)
+
+
+@numba.njit(cache=True)
+def _prefetch_value(v, i):
+    """Prefetch ``v[i]`` of a vector read at the rows, such as the observed values (skipped
+    out of bounds, as ``_prefetch_row``): a large ``v`` read at random rows misses the caches
+    as the rows do. With the rows of P4 (1,000 of 10^6 observed values) SGLD's step took
+    106-117 us without it and 100-101 us with it (two alternated runs, 2026-12-05)."""
+    if i < 0:
+        i += v.shape[0]
+    if 0 <= i < v.shape[0]:
+        _prefetch_item(v, i)
 
 
 @numba.njit(cache=True)
@@ -605,11 +686,13 @@ def gather_glm(x, idx, {operands}):
 {zeros}
     for k in range(min(PREFETCH_ROWS, n)):
         _prefetch_row(x, idx[k])
+{prefetch_first}
     i = 0
     while i + 4 <= n:
         for k in range(4):
             if i + PREFETCH_ROWS + k < n:
                 _prefetch_row(x, idx[i + PREFETCH_ROWS + k])
+{prefetch_ahead}
         r0, r1 = _row(idx[i], n_rows), _row(idx[i + 1], n_rows)
         r2, r3 = _row(idx[i + 2], n_rows), _row(idx[i + 3], n_rows)
 {sums}
@@ -639,29 +722,44 @@ def _glm_kernel_source(op: GatherGLMProduct, broadcast: list[bool]) -> str:
     output ``g{k}``)."""
     m, outputs = len(op.z_positions), op.scalar_op.nout
     columns = [(f"a{k}", bc) for k, bc in enumerate(broadcast)]
+    gathered = op.gathered or (False,) * len(columns)
     bs = [f"b{k}" for k in range(m)]
 
     def lines(indent: int, template: str, count: int) -> str:
         return "\n".join(" " * indent + template.format(k=k) for k in range(count))
 
+    def value(a: str, bc: bool, is_gathered: bool, row: str, r: str) -> str:
+        """Column ``a``'s value at minibatch row ``row``, row ``r`` of x."""
+        if is_gathered:  # the observed value at x's row (checked as it: same length)
+            return f"{a}[{r}]"
+        return f"{a}[0, 0]" if bc else f"{a}[{row}, 0]"
+
     def call(row: str, name: str) -> str:
         """The weights ``w{name}_k`` of a row from its predictors ``s{name}_k``."""
-        values = [f"{a}[0, 0]" if bc else f"{a}[{row}, 0]" for a, bc in columns]
+        r = "row" if name == "i" else f"r{name}"
+        values = [value(a, bc, g, row, r) for (a, bc), g in zip(columns, gathered, strict=True)]
         args = op._arguments([f"s{name}_{k}" for k in range(m)], values)
         weights = ", ".join(f"w{name}_{k}" for k in range(outputs))
         return f"{weights} = f({', '.join(args)})"
 
     checks = [
-        f"    if {a}.shape[0] != {'1' if bc else 'n'} or {a}.shape[1] != 1:\n"
+        f"    if {a}.shape[0] != n_rows:\n        raise ValueError({_ROWS_DIFFER!r})"
+        if g
+        else f"    if {a}.shape[0] != {'1' if bc else 'n'} or {a}.shape[1] != 1:\n"
         '        raise ValueError("GatherGLMProduct: shapes do not match")'
-        for a, bc in columns
+        for (a, bc), g in zip(columns, gathered, strict=True)
     ]
     dots = [
         line
         for k in range(m)
         for line in (f"vj{k} = v{k}[j]", *(f"s{r}_{k} += x[r{r}, j] * vj{k}" for r in range(4)))
     ]
+    observed = [a for (a, _), g in zip(columns, gathered, strict=True) if g]
     body = {
+        "prefetch_first": "\n".join(f"        _prefetch_value({a}, idx[k])" for a in observed),
+        "prefetch_ahead": "\n".join(
+            f"                _prefetch_value({a}, idx[i + PREFETCH_ROWS + k])" for a in observed
+        ),
         "operands": ", ".join(bs + [a for a, _ in columns]),
         "b_checks": lines(
             4,
@@ -711,7 +809,7 @@ def _compiled_kernel(source: str, name: str, functions: dict, key_parts, **names
     if all(k is not None for k in keys):
         parts = "|".join(map(str, (_CACHE_SALT, *key_parts, *keys)))
         key = hashlib.sha256(parts.encode()).hexdigest()
-    helpers = (_prefetch_row, _row, _column, _set_column, _zero, _opaque)
+    helpers = (_prefetch_row, _prefetch_value, _row, _column, _set_column, _zero, _opaque)
     env = {"np": np, "PREFETCH_ROWS": PREFETCH_ROWS, **names}
     env |= {h.__name__: h for h in helpers}
     env |= {fname: f for fname, (f, _) in functions.items()}
@@ -745,7 +843,7 @@ def _numba_gather_glm(op, node, **kwargs):
         "gather_glm",
         dtype.name,
         _glm_kernel_source,
-        (op.z_positions, op.out_shape),
+        (op.z_positions, op.out_shape, op.gathered),
         kwargs,
         dtype=dtype,
         rows=_static(op.out_shape)[0],
@@ -824,22 +922,29 @@ def _glm_rows_kernel_source(op: GatherGLMRows, broadcast: list[tuple[bool, bool]
     """The kernel of :class:`GatherGLMRows`: the loops of :class:`GatherGLMProduct`'s kernel
     (four rows at a time, rows prefetched ahead), with each row's entries of ``h`` written or
     summed in place of its gradient. ``s{row}_{k}`` is the row's predictor k, ``w{row}_{k}``
-    output k of ``f``, ``e{row}_{k}`` output k of ``h`` at column j; ``broadcast`` the
-    operands' broadcastable dimensions."""
+    output k of ``f``, ``e{row}_{k}`` output k of ``h`` at column j, ``y{row}_{k}`` the row's
+    value of gathered operand k; ``broadcast`` the operands' broadcastable dimensions."""
     m, n_out = op.n_predictors, op.rows_op.nout
     n_weights = 0 if op.weights_op is None else op.weights_op.nout
     cs = [f"c{k}" for k in range(len(broadcast))]
+    gathered = [k for k, g in enumerate(op.gathered) if g]
 
-    def operand(k: int, row: str, col: str) -> str:
+    def operand(k: int, name: str, row: str, col: str) -> str:
+        if k in gathered:  # read once per row, before the loops over its columns
+            return f"y{name}_{k}"
         bc_row, bc_col = broadcast[k]
         return f"c{k}[{'0' if bc_row else row}, {'0' if bc_col else col}]"
+
+    def observed(name: str, r: str) -> list[str]:
+        """The row's values of the gathered operands, at x's row ``r`` (same length)."""
+        return [f"        y{name}_{k} = c{k}[{r}]" for k in gathered]
 
     def args(sources, name: str, row: str, r: str) -> str:
         value = {
             "x": lambda k: f"x[{r}, j]",
             "z": lambda k: f"s{name}_{k}",
             "w": lambda k: f"w{name}_{k}",
-            "c": lambda k: operand(k, row, "j"),
+            "c": lambda k: operand(k, name, row, "j"),
         }
         return ", ".join(value[kind](k) for kind, k in sources)
 
@@ -864,7 +969,14 @@ def _glm_rows_kernel_source(op: GatherGLMRows, broadcast: list[tuple[bool, bool]
             f"    if b{k}.shape[0] != d or b{k}.shape[1] != 1:",
             '        raise ValueError("GatherGLMRows: shapes do not match")',
         ]
-    for k, (bc_row, bc_col) in enumerate(broadcast):
+    for k, bc in enumerate(broadcast):
+        if k in gathered:  # a vector read at x's rows
+            lines += [
+                f"    if c{k}.shape[0] != n_rows:",
+                f"        raise ValueError({_ROWS_DIFFER!r})",
+            ]
+            continue
+        bc_row, bc_col = bc
         lines += [
             f"    if c{k}.shape[0] != {'1' if bc_row else 'n'} or "
             f"c{k}.shape[1] != {'1' if bc_col else 'd'}:",
@@ -884,13 +996,16 @@ def _glm_rows_kernel_source(op: GatherGLMRows, broadcast: list[tuple[bool, bool]
     lines += [
         "    for k in range(min(PREFETCH_ROWS, n)):",
         "        _prefetch_row(x, idx[k])",
+        *(f"        _prefetch_value(c{k}, idx[k])" for k in gathered),
         "    i = 0",
         "    while i + 4 <= n:",
         "        for k in range(4):",
         "            if i + PREFETCH_ROWS + k < n:",
         "                _prefetch_row(x, idx[i + PREFETCH_ROWS + k])",
+        *(f"                _prefetch_value(c{k}, idx[i + PREFETCH_ROWS + k])" for k in gathered),
         "        r0, r1 = _row(idx[i], n_rows), _row(idx[i + 1], n_rows)",
         "        r2, r3 = _row(idx[i + 2], n_rows), _row(idx[i + 3], n_rows)",
+        *(line for q in range(4) for line in observed(str(q), f"r{q}")),
         *(f"        s0_{k} = s1_{k} = s2_{k} = s3_{k} = _zero(v{k})" for k in range(m)),
         "        for j in range(d):",
     ]
@@ -912,6 +1027,7 @@ def _glm_rows_kernel_source(op: GatherGLMRows, broadcast: list[tuple[bool, bool]
         "        i += 4",
         "    while i < n:",
         "        row = _row(idx[i], n_rows)",
+        *observed("i", "row"),
         *(f"        si_{k} = _zero(v{k})" for k in range(m)),
         "        for j in range(d):",
         *(f"            si_{k} += x[row, j] * v{k}[j]" for k in range(m)),
@@ -959,7 +1075,7 @@ def _numba_gather_glm_rows(op, node, **kwargs):
         _glm_rows_kernel_source(op, broadcast),
         "gather_glm_rows",
         functions,
-        ("rows", op.weights_args, op.rows_args, op.sums, broadcast),
+        ("rows", op.weights_args, op.rows_args, op.sums, op.gathered, broadcast),
         **names,
     )
 
@@ -972,9 +1088,12 @@ _CACHE_SALT = int(
         "".join(
             inspect.getsource(f)
             for f in (
+                _prefetch_codegen,
                 _prefetch._defn,  # the intrinsics' Python definitions
+                _prefetch_item._defn,
                 _opaque._defn,
                 _prefetch_row,
+                _prefetch_value,
                 _row,
                 _zero_constant,
                 _column,
@@ -997,6 +1116,7 @@ _CACHE_SALT = int(
         ).encode()
         + _GLM_KERNEL.encode()
         + _GLM_SUM_KERNEL.encode()
+        + _ROWS_DIFFER.encode()
         + f"{PREFETCH_ROWS},{_PREFETCH_STRIDE}".encode()
     ).hexdigest()[:12],
     16,
@@ -1067,7 +1187,8 @@ def fuse_glm_products(fgraph, node):
     ``f`` may read several predictors of the same rows and have several outputs, each read
     only by its own ``GatherTDot`` of the rows: the gradients at two positions that the force
     with control variates subtracts, whose residuals PyTensor fuses into one ``Elemwise``
-    (``f(z_1, z_2, y) = (y - z_1, y - z_2)``). All of them are replaced by one op."""
+    (``f(z_1, z_2, y) = (y - z_1, y - z_2)``). All of them are replaced by one op. Columns
+    ``v[idx][:, None]`` of a vector ``v`` (the observed values) are read in place."""
     x, idx, weights = node.inputs
     elemwise = weights.owner
     dtype = node.outputs[0].type.dtype
@@ -1106,7 +1227,10 @@ def fuse_glm_products(fgraph, node):
     ):
         return None
     bs = [z.owner.inputs[2] for z in predictors]
-    op = GatherGLMProduct(elemwise.op.scalar_op, tuple(positions), node.outputs[0].type.shape)
+    columns, gathered = _read_in_place(columns, idx)
+    op = GatherGLMProduct(
+        elemwise.op.scalar_op, tuple(positions), node.outputs[0].type.shape, gathered
+    )
     new = op(x, idx, *bs, *columns)
     new = new if isinstance(new, list) else [new]
     if any(n.type != old.type for n, old in zip(new, products, strict=True)):
@@ -1132,6 +1256,21 @@ def _rows_of(var, idx):
         return None
     v, var_idx = node.inputs
     return v if v.type.ndim == 1 and var_idx is idx else None
+
+
+def _read_in_place(columns, idx) -> tuple[list, tuple[bool, ...]]:
+    """``columns`` with each ``v[idx][:, None]`` (the observed values of the rows, copied into
+    a column) replaced by the vector ``v``, which the kernels read at the rows, and which of
+    them were: the copy is an allocation and a gather of n values per step (about 1 us for
+    500 rows, more where ``v`` is too large for the caches)."""
+    replaced, gathered = [], []
+    for var in columns:
+        node, v = var.owner, None
+        if node is not None and isinstance(node.op, DimShuffle) and node.op.new_order == (0, "x"):
+            v = _rows_of(node.inputs[0], idx)
+        replaced.append(var if v is None else v)
+        gathered.append(v is not None)
+    return replaced, tuple(gathered) if any(gathered) else ()
 
 
 @node_rewriter([Sum])
@@ -1207,7 +1346,8 @@ def fuse_glm_rows(fgraph, node):
     directly or through an elementwise ``f`` of (n, 1) columns) and other operands, when
     nothing else reads the predictors or ``f``: the per-observation gradients of a GLM. An
     output read only by ``Sum(axis=0)`` becomes that sum (the force), so it is never
-    written."""
+    written. Columns ``v[idx][:, None]`` of a vector ``v`` (the observed values) are read in
+    place."""
     inputs = node.inputs
     gathered = [(k, _gathered_rows(v)) for k, v in enumerate(inputs) if v.type.ndim == 2]
     gathered = [(k, rows) for k, rows in gathered if rows is not None]
@@ -1264,12 +1404,14 @@ def fuse_glm_rows(fgraph, node):
         else:
             sums.append(None)
             replaced.append(out)
+    operands, gathered = _read_in_place(operands, idx)
     op = GatherGLMRows(
         None if weights_node is None else weights_node.op.scalar_op,
         weights_args,
         node.op.scalar_op,
         rows_args,
         sums,
+        gathered,
     )
     new = op(x, idx, *(z.owner.inputs[2] for z in predictors), *operands)
     new = new if isinstance(new, list) else [new]

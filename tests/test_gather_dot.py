@@ -35,6 +35,12 @@ NUMBA = with_gather_dot(pytensor.compile.mode.get_mode("NUMBA"))
 FUSED = GatherDot | GatherTDot | GatherGLMProduct | GatherGLMSum | GatherGLMRows
 
 
+def gathers(fn) -> int:
+    """Copies ``v[idx]`` of minibatch rows (of the data or of the observed values) left in a
+    compiled function's outer graph."""
+    return sum(isinstance(node.op, AdvancedSubtensor) for node in fn.maker.fgraph.apply_nodes)
+
+
 def fused_ops(fn) -> set[str]:
     """Names of the fused ops in a compiled function, inner graphs (the scan's, the lazy
     log-density branch's) included."""
@@ -194,6 +200,7 @@ def test_single_pass_product_equals_the_two_products(n, dtype):
     for grad in glm_gradients(idx, w):
         fused = pytensor.function([idx, w], grad, mode=NUMBA)
         assert "GatherGLMProduct" in fused_ops(fused) and "GatherDot" not in fused_ops(fused)
+        assert gathers(fused) == 0  # y[idx] is read in place too
         plain = pytensor.function([idx, w], grad, mode="NUMBA")
         assert fused(*args).dtype == dtype
         np.testing.assert_allclose(fused(*args), plain(*args), rtol=tol, atol=tol)
@@ -372,10 +379,7 @@ def test_rows_in_one_pass_equal_the_gather_and_the_elementwise_rows(n, dtype):
         fused, plain = compile_in(mode=NUMBA), compile_in(mode="NUMBA")
         python = compile_in(mode=python_mode)  # the NumPy perform of the same op
         assert fused_ops(fused) == fused_ops(python) == {"GatherGLMRows"}
-        assert not any(  # the rows are read in place, never copied
-            isinstance(node.op, AdvancedSubtensor) and node.inputs[0].type.ndim == 2
-            for node in fused.maker.fgraph.apply_nodes
-        )
+        assert gathers(fused) == 0  # the rows and y are read in place, never copied
         expected = plain(*args)
         for got in (fused(*args), python(*args)):
             for value, reference in zip(got, expected, strict=True):
@@ -413,6 +417,41 @@ def test_rows_in_one_pass_check_shapes_and_rows(mode):
         fn(X, idx, np.ones((4, 1)), a, c)  # b does not fit X's columns
     with pytest.raises(IndexError):
         fn(X, np.array([0, 5, 1, 2, 3]), B, a, c)  # a row of X that is not there
+
+
+@pytest.mark.parametrize("mode", ["NUMBA", "FAST_COMPILE"])
+def test_single_pass_ops_read_gathered_vectors_at_the_rows(mode):
+    """A vector marked gathered stands for the column ``y[idx][:, None]``: both ops read it
+    at the minibatch rows (negative rows counted from the end), at X's rows, so a vector of
+    another length than X raises, as ``pm.Minibatch`` does for its arrays."""
+    x, i, b, y = pt.matrix(), pt.vector(dtype="int64"), pt.matrix(), pt.vector()
+    product = GatherGLMProduct(ps.sub, (1,), (None, 1), gathered=(True,))  # f(y, z) = y - z
+    sx, sw = ps.float64("x"), ps.float64("w")
+    rows = GatherGLMRows(
+        ps.sub,
+        [("c", 0), ("z", 0)],
+        ps.Composite([sx, sw], [sx * sw, sx * sw]),
+        [("x", 0), ("w", 0)],
+        [None, ("float64", "float64")],
+        gathered=(True,),
+    )
+    fn = pytensor.function([x, i, b, y], [product(x, i, b, y), *rows(x, i, b, y)], mode=mode)
+    X, B, Y = np.arange(21.0).reshape(7, 3), np.ones((3, 1)), np.arange(7.0) ** 2
+    for idx in (np.array([0, 6, -1, 2, 1]), np.array([3])):  # four rows and a tail; a tail
+        weighted = X[idx] * (Y[idx][:, None] - X[idx] @ B)
+        got_product, got_rows, got_sum = fn(X, idx, B, Y)
+        np.testing.assert_allclose(got_product[:, 0], weighted.sum(axis=0))
+        np.testing.assert_allclose(got_rows, weighted)
+        np.testing.assert_allclose(got_sum, weighted.sum(axis=0))
+    for other_length in (Y[:6], np.ones(8)):  # fewer or more observed values than rows
+        with pytest.raises(ValueError, match="differ in length"):
+            fn(X, np.array([0, 1, 2, 3, 4]), B, other_length)
+    with pytest.raises(IndexError):
+        fn(X, np.array([0, 1, 2, 3, 7]), B, Y)  # a row that is not there
+    with pytest.raises(TypeError):
+        product(x, i, b, pt.matrix())  # a gathered operand is a vector
+    with pytest.raises(TypeError):
+        rows(x, i, b, pt.matrix())
 
 
 def test_rows_in_one_pass_only_where_nothing_else_reads_the_predictor():
