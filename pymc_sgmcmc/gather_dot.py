@@ -195,7 +195,8 @@ class GatherGLMProduct(Op):
 
     A column marked in ``gathered`` is a whole (N,) vector, such as the observed values,
     read at each minibatch row (``a_k[idx[i]]``) where the graph copied ``a_k[idx]`` into a
-    column, as :class:`GatherGLMSum` reads it.
+    column. The kernel reads it at X's row index, already checked: it must have X's number
+    of rows (``ValueError`` otherwise).
     """
 
     __props__ = ("scalar_op", "z_positions", "out_shape", "gathered")
@@ -339,7 +340,7 @@ class GatherGLMRows(Op):
 
     An operand marked in ``gathered`` is a whole (N,) vector, such as the observed values,
     read at each minibatch row (``c_k[idx[i]]``) where the graph copied ``c_k[idx]`` into an
-    (n, 1) column.
+    (n, 1) column; as in :class:`GatherGLMProduct`, it must have X's number of rows.
     """
 
     __props__ = ("weights_op", "weights_args", "rows_op", "rows_args", "sums", "gathered")
@@ -730,7 +731,7 @@ def _glm_kernel_source(op: GatherGLMProduct, broadcast: list[bool]) -> str:
 
     def value(a: str, bc: bool, is_gathered: bool, row: str, r: str) -> str:
         """Column ``a``'s value at minibatch row ``row``, row ``r`` of x."""
-        if is_gathered:  # the observed value at x's row (checked as it: same length)
+        if is_gathered:  # at x's row, whose index is checked (a has x's length: checked)
             return f"{a}[{r}]"
         return f"{a}[0, 0]" if bc else f"{a}[{row}, 0]"
 
