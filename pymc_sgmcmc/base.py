@@ -2115,6 +2115,8 @@ class SGMCMC(ArrayStepShared):
 
     @one_blas_thread
     def _fill_buffer(self, theta: np.ndarray) -> None:
+        if self.chain_start is None:  # filled without astep (the benchmarks): starts here
+            self.chain_start = np.array(theta)
         names = self.functions[1]
         anchored = self.anchor_due
         if anchored:

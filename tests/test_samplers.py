@@ -738,6 +738,21 @@ def test_divergence_is_flagged_and_never_returned_as_nan():
     assert (idata.sample_stats["divergences"].values[:, -1] == diverging.sum(axis=1)).all()
 
 
+def test_a_block_filled_directly_that_diverges_warns_with_a_step_size_hint():
+    # The benchmarks fill blocks without pm.sample's first astep, which records the chain's
+    # start; the hint (curvature at the start) is then taken where the block started.
+    with small_problem().model() as model:
+        step = SGLD(step_size=0.1)
+    step.setup_chain(np.random.default_rng(0), tune=0, draws=100)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        step._fill_buffer(model.initial_point()["w"])
+    messages = [str(w.message) for w in caught if "diverged" in str(w.message)]
+    assert len(messages) == 1 and step.buffer["diverging"].any()
+    suggested = float(re.search(r"try step_size=([\d.e+-]+)", messages[0]).group(1))
+    assert 1e-3 < suggested < 8e-3  # as in pm.sample (the previous test)
+
+
 @pytest.mark.parametrize(
     "factory",
     [
