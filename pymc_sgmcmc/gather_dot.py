@@ -56,6 +56,7 @@ from __future__ import annotations
 
 import hashlib
 import inspect
+from collections.abc import Callable
 
 import numba
 import numpy as np
@@ -667,6 +668,62 @@ def _numba_gather_tdot(op, node, **kwargs):
     return gather_tdot, _CACHE_SALT
 
 
+#: Lines of kernel source for a row of the minibatch: ``(name, r)``, the row's name in the
+#: loop's variables ("0"-"3", or "i") and its row of x.
+RowLines = Callable[[str, str], list[str]]
+
+
+def _four_row_loop_head(m: int, gathered: list[str], row_lines: RowLines) -> list[str]:
+    """The main loop's head in the source of :class:`GatherGLMProduct`'s and
+    :class:`GatherGLMRows`'s kernels, four rows of x at a time: x's rows (and the ``gathered``
+    vectors' values) prefetched ``PREFETCH_ROWS`` ahead, the rows' indices ``r0``-``r3``
+    checked, ``row_lines(q, r{q})`` for each row, then row q's predictor k
+    ``s{q}_{k} = x[r{q}] . v{k}`` for the ``m`` predictors, summed in one pass over the
+    columns ``j``. The caller's lines follow in the loop (8 spaces), and in that pass over the
+    columns (12)."""
+
+    def dots(k: int) -> list[str]:
+        return [f"            vj{k} = v{k}[j]"] + [
+            f"            s{q}_{k} += x[r{q}, j] * vj{k}" for q in range(4)
+        ]
+
+    return [
+        "    for k in range(min(PREFETCH_ROWS, n)):",
+        "        _prefetch_row(x, idx[k])",
+        *(f"        _prefetch_value({a}, idx[k])" for a in gathered),
+        "    i = 0",
+        "    while i + 4 <= n:",
+        "        for k in range(4):",
+        "            if i + PREFETCH_ROWS + k < n:",
+        "                _prefetch_row(x, idx[i + PREFETCH_ROWS + k])",
+        *(f"                _prefetch_value({a}, idx[i + PREFETCH_ROWS + k])" for a in gathered),
+        "        r0, r1 = _row(idx[i], n_rows), _row(idx[i + 1], n_rows)",
+        "        r2, r3 = _row(idx[i + 2], n_rows), _row(idx[i + 3], n_rows)",
+        *(line for q in range(4) for line in row_lines(str(q), f"r{q}")),
+        *(f"        s0_{k} = s1_{k} = s2_{k} = s3_{k} = _zero(v{k})" for k in range(m)),
+        "        for j in range(d):",
+        *(line for k in range(m) for line in dots(k)),
+    ]
+
+
+def _one_row_loop_head(m: int, row_lines: RowLines) -> list[str]:
+    """The head of the loop over the last rows (fewer than four), one at a time, as
+    :func:`_four_row_loop_head`'s for row ``i`` (``row_lines("i", "row")``, predictors
+    ``si_{k}``)."""
+    return [
+        "    while i < n:",
+        "        row = _row(idx[i], n_rows)",
+        *row_lines("i", "row"),
+        *(f"        si_{k} = _zero(v{k})" for k in range(m)),
+        "        for j in range(d):",
+        *(f"            si_{k} += x[row, j] * v{k}[j]" for k in range(m)),
+    ]
+
+
+def _no_row_lines(name: str, row: str) -> list[str]:
+    return []
+
+
 #: The single-pass kernel of :class:`GatherGLMProduct`, as source, for predictors ``b0``,
 #: ``b1``, ... and outputs ``g0``, ``g1``, ...: its loop calls the scalar function with the
 #: op's own arguments; the ``{...}`` fields are filled in per op (:func:`_glm_kernel_source`)
@@ -685,29 +742,12 @@ def gather_glm(x, idx, {operands}):
     first = b0.shape[1] - 1
 {columns}
 {zeros}
-    for k in range(min(PREFETCH_ROWS, n)):
-        _prefetch_row(x, idx[k])
-{prefetch_first}
-    i = 0
-    while i + 4 <= n:
-        for k in range(4):
-            if i + PREFETCH_ROWS + k < n:
-                _prefetch_row(x, idx[i + PREFETCH_ROWS + k])
-{prefetch_ahead}
-        r0, r1 = _row(idx[i], n_rows), _row(idx[i + 1], n_rows)
-        r2, r3 = _row(idx[i + 2], n_rows), _row(idx[i + 3], n_rows)
-{sums}
-        for j in range(d):
-{dots}
+{four_rows}
 {weights}
         for j in range(d):
 {accumulate}
         i += 4
-    while i < n:
-        row = _row(idx[i], n_rows)
-{tail_sums}
-        for j in range(d):
-{tail_dots}
+{one_row}
 {tail_weights}
         for j in range(d):
 {tail_accumulate}
@@ -750,17 +790,10 @@ def _glm_kernel_source(op: GatherGLMProduct, broadcast: list[bool]) -> str:
         '        raise ValueError("GatherGLMProduct: shapes do not match")'
         for (a, bc), g in zip(columns, gathered, strict=True)
     ]
-    dots = [
-        line
-        for k in range(m)
-        for line in (f"vj{k} = v{k}[j]", *(f"s{r}_{k} += x[r{r}, j] * vj{k}" for r in range(4)))
-    ]
     observed = [a for (a, _), g in zip(columns, gathered, strict=True) if g]
     body = {
-        "prefetch_first": "\n".join(f"        _prefetch_value({a}, idx[k])" for a in observed),
-        "prefetch_ahead": "\n".join(
-            f"                _prefetch_value({a}, idx[i + PREFETCH_ROWS + k])" for a in observed
-        ),
+        "four_rows": "\n".join(_four_row_loop_head(m, observed, _no_row_lines)),
+        "one_row": "\n".join(_one_row_loop_head(m, _no_row_lines)),
         "operands": ", ".join(bs + [a for a, _ in columns]),
         "b_checks": lines(
             4,
@@ -771,8 +804,6 @@ def _glm_kernel_source(op: GatherGLMProduct, broadcast: list[bool]) -> str:
         "checks": "\n".join(checks),
         "columns": lines(4, "v{k} = _column(b{k}, first)", m),
         "zeros": lines(4, "g{k} = np.zeros(d, dtype=dtype)", outputs),
-        "sums": lines(8, "s0_{k} = s1_{k} = s2_{k} = s3_{k} = _zero(v{k})", m),
-        "dots": "\n".join(" " * 12 + line for line in dots),
         "weights": "\n".join(" " * 8 + call(f"i + {r}", str(r)) for r in range(4)),
         "accumulate": lines(
             12,
@@ -780,8 +811,6 @@ def _glm_kernel_source(op: GatherGLMProduct, broadcast: list[bool]) -> str:
             "+ x[r3, j] * w3_{k}",
             outputs,
         ),
-        "tail_sums": lines(8, "si_{k} = _zero(v{k})", m),
-        "tail_dots": lines(12, "si_{k} += x[row, j] * v{k}[j]", m),
         "tail_weights": " " * 8 + call("i", "i"),
         "tail_accumulate": lines(12, "g{k}[j] += x[row, j] * wi_{k}", outputs),
         "outputs": lines(
@@ -994,25 +1023,7 @@ def _glm_rows_kernel_source(op: GatherGLMRows, broadcast: list[tuple[bool, bool]
             if total is None
             else f"    o{k} = np.zeros(d, dtype=acc{k})"
         )
-    lines += [
-        "    for k in range(min(PREFETCH_ROWS, n)):",
-        "        _prefetch_row(x, idx[k])",
-        *(f"        _prefetch_value(c{k}, idx[k])" for k in gathered),
-        "    i = 0",
-        "    while i + 4 <= n:",
-        "        for k in range(4):",
-        "            if i + PREFETCH_ROWS + k < n:",
-        "                _prefetch_row(x, idx[i + PREFETCH_ROWS + k])",
-        *(f"                _prefetch_value(c{k}, idx[i + PREFETCH_ROWS + k])" for k in gathered),
-        "        r0, r1 = _row(idx[i], n_rows), _row(idx[i + 1], n_rows)",
-        "        r2, r3 = _row(idx[i + 2], n_rows), _row(idx[i + 3], n_rows)",
-        *(line for q in range(4) for line in observed(str(q), f"r{q}")),
-        *(f"        s0_{k} = s1_{k} = s2_{k} = s3_{k} = _zero(v{k})" for k in range(m)),
-        "        for j in range(d):",
-    ]
-    for k in range(m):
-        lines.append(f"            vj{k} = v{k}[j]")
-        lines += [f"            s{q}_{k} += x[r{q}, j] * vj{k}" for q in range(4)]
+    lines += _four_row_loop_head(m, [f"c{k}" for k in gathered], observed)
     for q in range(4):
         lines += weight_lines(str(q), f"i + {q}", f"r{q}")
     lines.append("        for j in range(d):")
@@ -1026,12 +1037,7 @@ def _glm_rows_kernel_source(op: GatherGLMRows, broadcast: list[tuple[bool, bool]
             )
     lines += [
         "        i += 4",
-        "    while i < n:",
-        "        row = _row(idx[i], n_rows)",
-        *observed("i", "row"),
-        *(f"        si_{k} = _zero(v{k})" for k in range(m)),
-        "        for j in range(d):",
-        *(f"            si_{k} += x[row, j] * v{k}[j]" for k in range(m)),
+        *_one_row_loop_head(m, observed),
         *weight_lines("i", "i", "row"),
         "        for j in range(d):",
         entries("i", "i", "row"),
