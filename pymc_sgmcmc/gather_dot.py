@@ -670,10 +670,10 @@ def _numba_gather_tdot(op, node, **kwargs):
 
 #: Lines of kernel source for a row of the minibatch: ``(name, r)``, the row's name in the
 #: loop's variables ("0"-"3", or "i") and its row of x.
-RowLines = Callable[[str, str], list[str]]
+_RowLines = Callable[[str, str], list[str]]
 
 
-def _four_row_loop_head(m: int, gathered: list[str], row_lines: RowLines) -> list[str]:
+def _four_row_loop_head(m: int, gathered: list[str], row_lines: _RowLines) -> list[str]:
     """The main loop's head in the source of :class:`GatherGLMProduct`'s and
     :class:`GatherGLMRows`'s kernels, four rows of x at a time: x's rows (and the ``gathered``
     vectors' values) prefetched ``PREFETCH_ROWS`` ahead, the rows' indices ``r0``-``r3``
@@ -706,7 +706,7 @@ def _four_row_loop_head(m: int, gathered: list[str], row_lines: RowLines) -> lis
     ]
 
 
-def _one_row_loop_head(m: int, row_lines: RowLines) -> list[str]:
+def _one_row_loop_head(m: int, row_lines: _RowLines) -> list[str]:
     """The head of the loop over the last rows (fewer than four), one at a time, as
     :func:`_four_row_loop_head`'s for row ``i`` (``row_lines("i", "row")``, predictors
     ``si_{k}``)."""
@@ -721,6 +721,8 @@ def _one_row_loop_head(m: int, row_lines: RowLines) -> list[str]:
 
 
 def _no_row_lines(name: str, row: str) -> list[str]:
+    """No lines per row (:class:`GatherGLMProduct`'s kernel reads the rows' observed values
+    where it calls ``f``)."""
     return []
 
 
