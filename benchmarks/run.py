@@ -147,7 +147,7 @@ def main() -> None:
         "",
         "Time to first draw = the model's construction + graph construction + factorisation",
         "check + compile + one block, in a fresh Python process, PyMC and pymc_sgmcmc imported",
-        "before the clock starts (runs before 2026-12-05 19:30 UTC counted pymc_sgmcmc's import;",
+        "before the clock starts (runs before 2026-12-05 19:23 UTC counted pymc_sgmcmc's import;",
         "the criteria's first draw, `criteria_results.md`, starts the clock after the model's",
         "construction); 'cold' with empty compile caches",
         "(PyTensor's base compile directory, which holds numba's cache of PyTensor's functions,",
