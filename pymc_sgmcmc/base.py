@@ -1218,7 +1218,7 @@ class SGMCMC(ArrayStepShared):
             self._check_rows_defined(theta)
             self.chain_state = None
             self.buffer = None
-            self.chain_start = np.array(theta)
+            self.chain_start = None  # the fill below starts the chain here
         if self.buffer is None or self.cursor >= len(self.buffer["theta"]):
             self._fill_buffer(theta)
         if self.stat_rows is None:
@@ -1879,7 +1879,7 @@ class SGMCMC(ArrayStepShared):
         without one flagged step). A spawned generator keeps the chain's own random stream as
         it would be without the check."""
         self.stability_check_due = False
-        if self.short_tune and self.chain_start is not None and not self.far_warned:
+        if self.short_tune and not self.far_warned:
             self._warn_if_far_from_mode(self.chain_start, "way in")
         rng = self.rng.spawn(1)[0]
         curvature = self.sg_model.largest_curvature(theta, self.preconditioner, rng)
@@ -2115,7 +2115,7 @@ class SGMCMC(ArrayStepShared):
 
     @one_blas_thread
     def _fill_buffer(self, theta: np.ndarray) -> None:
-        if self.chain_start is None:  # filled without astep (the benchmarks): starts here
+        if self.chain_start is None:  # a chain's (re)start, also when filled without astep
             self.chain_start = np.array(theta)
         names = self.functions[1]
         anchored = self.anchor_due

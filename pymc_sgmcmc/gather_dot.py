@@ -1358,11 +1358,11 @@ def fuse_glm_rows(fgraph, node):
     written. Columns ``v[idx][:, None]`` of a vector ``v`` (the observed values) are read in
     place."""
     inputs = node.inputs
-    gathered = [(k, _gathered_rows(v)) for k, v in enumerate(inputs) if v.type.ndim == 2]
-    gathered = [(k, rows) for k, rows in gathered if rows is not None]
-    if len(gathered) != 1 or any(v.type.ndim != 2 for v in inputs):
+    row_inputs = [(k, _gathered_rows(v)) for k, v in enumerate(inputs) if v.type.ndim == 2]
+    row_inputs = [(k, rows) for k, rows in row_inputs if rows is not None]
+    if len(row_inputs) != 1 or any(v.type.ndim != 2 for v in inputs):
         return None
-    x_position, (x, idx) = gathered[0]
+    x_position, (x, idx) = row_inputs[0]
     if x.type.dtype not in ("float32", "float64") or node.outputs[0].type.broadcastable[1]:
         return None
     weights = {
