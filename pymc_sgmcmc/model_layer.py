@@ -39,13 +39,18 @@ from pymc.logprob.utils import replace_rvs_by_values
 from pymc.pytensorf import join_nonshared_inputs
 from pymc.variational.minibatch_rv import MinibatchRandomVariable
 from pytensor.compile.builders import SymbolicOp
+from pytensor.compile.ops import ViewOp
 from pytensor.compile.sharedvalue import SharedVariable
 from pytensor.gradient import NullTypeGradError
 from pytensor.graph.basic import Apply, Constant, Variable
 from pytensor.graph.replace import clone_replace, vectorize_graph
 from pytensor.graph.traversal import ancestors, toposort
 from pytensor.graph.utils import MethodNotDefined
-from pytensor.scalar import upcast
+from pytensor.scalar import Mul, upcast
+from pytensor.tensor.elemwise import DimShuffle, Elemwise
+from pytensor.tensor.exceptions import NotScalarConstantError
+from pytensor.tensor.random.basic import NormalRV
+from pytensor.tensor.subtensor import AdvancedSubtensor, Subtensor
 from pytensor.tensor.type_other import NoneTypeT
 
 from pymc_sgmcmc.gram_product import CentredGramProduct
@@ -74,7 +79,12 @@ __all__ = [
     "SGModel",
     "ShrunkCovariance",
     "ledoit_wolf_statistics",
+    "non_centred_products",
 ]
+
+#: Ops that reshape or index a variable without computing with it (for
+#: :func:`non_centred_products`), and the ``ViewOp`` of a ``pm.Deterministic``.
+_SHAPING_OPS = (DimShuffle, Subtensor, AdvancedSubtensor, ViewOp)
 
 
 class ModelError(ValueError):
@@ -225,6 +235,42 @@ def _check_free_variables(model: pm.Model, value_vars: Sequence[Variable]) -> No
             f"the step must update every free variable together, but {missing} were left out. "
             "Pass no `vars` (the default) to sample all of them."
         )
+
+
+def non_centred_products(model: pm.Model) -> list[tuple[str, str]]:
+    """(z, tau) name pairs where the model multiplies a free variable ``z`` of one or more
+    dimensions with a zero-location Normal prior by another free variable ``tau``: the
+    non-centred form ``a = mu + tau * z`` of a hierarchical model, for the warnings of a chain
+    that drifts or relaxes slowly (its groups' rows pin each ``a`` down, so that changing
+    ``tau`` moves every ``z`` together, along a curved surface no preconditioner follows).
+    Looks through reshapes and indexing, not through other functions of ``tau``."""
+    free = set(model.free_RVs)
+
+    def zero_location_normal(rv: Variable) -> bool:
+        if not isinstance(rv.owner.op, NormalRV) or rv.ndim == 0:
+            return False
+        try:
+            return pt.get_underlying_scalar_constant_value(rv.owner.inputs[2]) == 0
+        except NotScalarConstantError:
+            return False
+
+    standard = {rv for rv in free if zero_location_normal(rv)}
+
+    def free_root(var: Variable) -> Variable | None:
+        while var.owner is not None and isinstance(var.owner.op, _SHAPING_OPS):
+            var = var.owner.inputs[0]
+        return var if var in free else None
+
+    pairs = []
+    graphs = [*model.observed_RVs, *model.deterministics, *model.potentials]
+    for node in toposort(graphs):
+        if not (isinstance(node.op, Elemwise) and isinstance(node.op.scalar_op, Mul)):
+            continue
+        roots = [free_root(var) for var in node.inputs]
+        for z in roots:
+            if z in standard:
+                pairs += [(z.name, tau.name) for tau in roots if tau is not None and tau is not z]
+    return list(dict.fromkeys(pairs))
 
 
 def _minibatch_deterministic_fix(rv: Variable, model: pm.Model) -> str:

@@ -16,6 +16,7 @@ from pymc_sgmcmc.model_layer import (
     NoiseCovariance,
     Preconditioner,
     SGModel,
+    non_centred_products,
 )
 
 
@@ -751,6 +752,41 @@ def test_potential_on_minibatch_data_is_rejected():
         pm.Potential("lik", -((y_mb - X_mb @ w) ** 2).sum())
     with pytest.raises(ModelError, match=r"potential 'lik' reads pm\.Minibatch data"):
         SGModel(model, model.value_vars)
+
+
+@pytest.mark.parametrize(
+    ("form", "products"),
+    [
+        ("mu + tau * z", [("z", "tau")]),
+        ("a = Deterministic(mu + z * tau)", [("z", "tau")]),
+        ("a ~ N(mu, tau)", []),
+        ("slopes z[g] * x", []),
+        ("scalar tau * b", []),
+    ],
+)
+def test_non_centred_products_are_those_of_a_standard_normal_vector_and_a_free_scale(
+    form, products
+):
+    # What the warnings of a drifting chain name as a non-centred hierarchical model: a
+    # free vector with a zero-location Normal prior multiplied, through indexing, by another
+    # free variable; not the centred form, a vector times data, or a scalar.
+    rng = np.random.default_rng(0)
+    g, x, y = np.repeat(np.arange(3), 10), rng.normal(size=30), rng.normal(size=30)
+    with pm.Model() as model:
+        g_mb, x_mb, y_mb = pm.Minibatch(g, x, y, batch_size=5)
+        mu, tau = pm.Normal("mu", 0, 2), pm.HalfNormal("tau", 2)
+        if form == "a ~ N(mu, tau)":
+            mean = pm.Normal("a", mu, tau, shape=3)[g_mb]
+        elif form == "slopes z[g] * x":
+            mean = pm.Normal("z", 0, 1, shape=3)[g_mb] * x_mb
+        elif form == "scalar tau * b":
+            mean = tau * pm.Normal("b", 0, 1)
+        elif form == "mu + tau * z":
+            mean = (mu + tau * pm.Normal("z", 0, 1, shape=3))[g_mb]
+        else:
+            mean = pm.Deterministic("a", mu + pm.Normal("z", 0, 1, shape=3) * tau)[g_mb]
+        pm.Normal("y", mean, 1, observed=y_mb, total_size=30)
+    assert non_centred_products(model) == products
 
 
 @pytest.mark.parametrize("likelihood", ["OrderedLogistic", "OrderedProbit"])
