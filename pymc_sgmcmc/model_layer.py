@@ -706,7 +706,6 @@ class SGModel:
             )
         else:
             self.per_observation_gradients = None
-        self.point_shapes = {name: np.shape(value) for name, value in point.items()}
         self.initial_theta = np.concatenate([np.ravel(point[v.name]) for v in self.value_vars])
 
     # ------------------------------------------------------------------ helpers for integrators
