@@ -160,17 +160,14 @@ class MCCAdL(Thermostatted):
     Momentum :math:`N(0, I)` and :math:`\xi = A` at every chain (re)start and at the end of
     tuning; in the initial interval of an adapted warm-up :math:`\xi` is held at A (see
     :class:`~pymc_sgmcmc.base.Thermostatted`). The C step costs ``expm_products``
-    covariance-vector products, each about a third
-    of an SGLD step at D = 100, n = 500 (one pass over the per-observation gradients,
-    :class:`~pymc_sgmcmc.gram_product.CentredGramProduct`; the Lanczos process around them runs
-    in one kernel, :class:`~pymc_sgmcmc.krylov.LowRankExpm`), and the per-observation
-    gradients cost more than the summed gradient (CCAdL, which adds little else to SGNHT,
-    takes 1.6x SGLD's time per step there): 2.4-2.6x SGLD's step in all
-    (``benchmarks/covariance_results_cost_amd_epyc_2026-11-26.md``;
-    2.59x on the Intel Xeon of ``benchmarks/covariance_results_cost_xeon_2026-12-02.md``,
-    with the products' float32 sums; 2.27-2.45x there since a GLM's per-observation
-    gradients are written in the pass that computes its predictors,
-    ``benchmarks/covariance_results_cost.md``, 2026-12-05).
+    covariance-vector products, one pass each over the per-observation gradients
+    (:class:`~pymc_sgmcmc.gram_product.CentredGramProduct`; the Lanczos process around them runs
+    in one kernel, :class:`~pymc_sgmcmc.krylov.LowRankExpm`). At D = 100, n = 500 on the Intel
+    Xeon each product costs about a quarter of an SGLD step, the Lanczos bookkeeping about
+    0.2 of one, and writing the per-observation gradients 0.4
+    (``benchmarks/product_floor_results.md``, 2026-12-05): 2.3x SGLD's step in all at
+    h = 1e-3, three products (``benchmarks/criteria_results.md``; 2.4-2.6x on the AMD EPYC of
+    ``benchmarks/covariance_results_cost_amd_epyc_2026-11-26.md``).
 
     Sampler stats
     -------------
