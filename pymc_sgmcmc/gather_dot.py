@@ -222,7 +222,9 @@ class GatherGLMProduct(Op):
         if not _gathered_operands_fit(self.gathered, columns):
             raise TypeError("GatherGLMProduct: gathered columns are vectors, the others 2-d")
         shape = _known_shape((x.type.shape[1], 1), self.out_shape)
-        outputs = [pt.tensor(dtype=x.type.dtype, shape=shape) for _ in range(self.scalar_op.nout)]
+        # In the predictors' type: float64 for float32 rows of a float64 model.
+        dtype = upcast(x.type.dtype, *(b.type.dtype for b in operands[: len(self.z_positions)]))
+        outputs = [pt.tensor(dtype=dtype, shape=shape) for _ in range(self.scalar_op.nout)]
         return Apply(self, [x, idx, *operands], outputs)
 
     def _arguments(self, predictors: list, columns: list) -> list:
@@ -250,7 +252,7 @@ class GatherGLMProduct(Op):
         weights = np.frompyfunc(self.scalar_op.impl, len(args), self.scalar_op.nout)(*args)
         weights = weights if self.scalar_op.nout > 1 else (weights,)
         for output, var, w in zip(outputs, node.outputs, weights, strict=True):
-            out = rows.T @ np.asarray(w, dtype=x.dtype)
+            out = rows.T @ np.asarray(w, dtype=var.type.dtype)
             if not var.type.is_valid_value(out):
                 raise ValueError("GatherGLMProduct: shapes do not match")
             output[0] = out
@@ -363,9 +365,11 @@ class GatherGLMRows(Op):
         args = (*self.weights_args, *self.rows_args)
         return 1 + max((k for kind, k in args if kind == "z"), default=-1)
 
-    def _dtypes(self, x_dtype: str, operands: list) -> tuple[list[str], list[str]]:
-        """The dtypes of ``f``'s and of ``h``'s arguments (the predictors of ``x_dtype``)."""
-        dtypes = {"x": lambda k: x_dtype, "z": lambda k: x_dtype}
+    def _dtypes(self, x_dtype: str, bs: list, operands: list) -> tuple[list[str], list[str]]:
+        """The dtypes of ``f``'s and of ``h``'s arguments: the entries of ``x_dtype``, the
+        predictors of their type and ``b_k``'s (float64 for float32 rows of a float64 model)."""
+        predictors = [upcast(x_dtype, b.type.dtype) for b in bs]
+        dtypes = {"x": lambda k: x_dtype, "z": lambda k: predictors[k]}
         dtypes["c"] = lambda k: operands[k].type.dtype
         weights = [dtypes[kind](k) for kind, k in self.weights_args]
         if self.weights_op is not None:
@@ -384,7 +388,7 @@ class GatherGLMRows(Op):
             raise TypeError(
                 "GatherGLMRows: one b per predictor, then 2-d operands (gathered: vectors)"
             )
-        _, dtypes = self._dtypes(x.type.dtype, operands[m:])
+        _, dtypes = self._dtypes(x.type.dtype, operands[:m], operands[m:])
         out_types = self.rows_op.output_types([get_scalar_type(d) for d in dtypes])
         n, d = idx.type.shape[0], x.type.shape[1]
         outputs = [
@@ -941,7 +945,7 @@ def _numba_gather_glm_sum(op, node, **kwargs):
         node.inputs[3:],
         (op.z_position,),
         "gather_glm_sum",
-        node.inputs[0].type.dtype,
+        upcast(node.inputs[0].type.dtype, node.inputs[2].type.dtype),
         _glm_sum_kernel_source,
         ("sum", op.z_position, op.gathered, op.acc_dtype, op.dtype),
         kwargs,
@@ -1069,8 +1073,8 @@ def _glm_rows_kernel_source(op: GatherGLMRows, broadcast: list[tuple[bool, bool]
 @register_funcify_and_cache_key(GatherGLMRows)
 def _numba_gather_glm_rows(op, node, **kwargs):
     m = op.n_predictors
-    operands = node.inputs[2 + m :]
-    weight_dtypes, row_dtypes = op._dtypes(node.inputs[0].type.dtype, operands)
+    bs, operands = node.inputs[2 : 2 + m], node.inputs[2 + m :]
+    weight_dtypes, row_dtypes = op._dtypes(node.inputs[0].type.dtype, bs, operands)
     functions = {"h": _scalar_function(op.rows_op, row_dtypes, kwargs)}
     if op.weights_op is not None:
         functions["f"] = _scalar_function(op.weights_op, weight_dtypes, kwargs)
@@ -1144,6 +1148,13 @@ def _gathered_rows(var):
     return x, idx
 
 
+def _rows_fit(x, dtype: str) -> bool:
+    """Whether the fused GLM kernels read rows of X's type into arithmetic of ``dtype``: the
+    same type, or float32 rows of a float64 model (covariates stored in float32, which halves
+    the bytes a step reads from a large X; the rows' values are exact in float64)."""
+    return x.type.dtype == dtype or (x.type.dtype, dtype) == ("float32", "float64")
+
+
 def _transposed(var):
     node = var.owner
     if node is not None and isinstance(node.op, DimShuffle) and node.op.new_order == (1, 0):
@@ -1188,8 +1199,9 @@ def absorb_specified_shape(fgraph, node):
 @node_rewriter([GatherTDot])
 def fuse_glm_products(fgraph, node):
     """``GatherTDot(X, idx, f(GatherDot(X, idx, b), a...))`` -> ``GatherGLMProduct`` for an
-    elementwise ``f`` (one ``Elemwise``, fused by then) of columns of X's float type (float32
-    or float64), when nothing else reads the predictor ``z = X[idx] @ b`` or the weights
+    elementwise ``f`` (one ``Elemwise``, fused by then) of columns of the predictors' float
+    type (X's, or float64 for float32 rows of a float64 model: ``_rows_fit``), when nothing
+    else reads the predictor ``z = X[idx] @ b`` or the weights
     ``f(z, ...)``: the single pass computes neither for others (a sampler that also needs
     ``z``, for per-observation gradients, keeps the two products).
 
@@ -1205,7 +1217,7 @@ def fuse_glm_products(fgraph, node):
         elemwise is None
         or not isinstance(elemwise.op, Elemwise)
         or dtype not in ("float32", "float64")
-        or dtype != x.type.dtype
+        or not _rows_fit(x, dtype)
     ):
         return None
     products = []  # the GatherTDot reading each output of f
@@ -1231,7 +1243,7 @@ def fuse_glm_products(fgraph, node):
     predictors = [elemwise.inputs[k] for k in positions]
     columns = [v for k, v in enumerate(elemwise.inputs) if k not in positions]
     if any(len(fgraph.clients[z]) != 1 for z in predictors) or not all(
-        v.type.ndim == 2 and v.type.broadcastable[1] and v.type.dtype == x.type.dtype
+        v.type.ndim == 2 and v.type.broadcastable[1] and v.type.dtype == dtype
         for v in [*predictors, *elemwise.outputs, *columns]
     ):
         return None
@@ -1312,7 +1324,7 @@ def fuse_glm_sums(fgraph, node):
     if (
         len(fgraph.clients[z]) != 1
         or len(fgraph.clients[product.outputs[0]]) != 1
-        or x.type.dtype != z.type.dtype
+        or not _rows_fit(x, z.type.dtype)
     ):
         return None
     columns, gathered = [], []
@@ -1332,14 +1344,14 @@ def fuse_glm_sums(fgraph, node):
 
 
 def _predictor_of(var, x, idx) -> bool:
-    """Whether ``var`` is a one-column ``X[idx] @ b`` of X's dtype."""
+    """Whether ``var`` is a one-column ``X[idx] @ b`` (of X's type or a wider one)."""
     node = var.owner
     return (
         node is not None
         and isinstance(node.op, GatherDot)
         and node.inputs[:2] == [x, idx]
         and var.type.broadcastable[1]
-        and var.type.dtype == x.type.dtype
+        and _rows_fit(x, var.type.dtype)
     )
 
 

@@ -15,7 +15,8 @@ class GaussianRegression:
 
     ``dtype="float32"``: the model reads float32 data and is built under
     ``floatX="float32"`` (the reference moments stay those of the float64 data, which differ
-    by float32's rounding, ~1e-7 relative)."""
+    by float32's rounding, ~1e-7 relative). ``covariates="float32"``: only X is stored in
+    float32, the model stays in ``dtype``."""
 
     X: np.ndarray
     y: np.ndarray
@@ -23,16 +24,25 @@ class GaussianRegression:
     prior_sd: float
     batch_size: int | None
     dtype: str = "float64"
+    covariates: str | None = None
 
     @classmethod
     def make(
-        cls, n_obs=1000, dim=2, batch_size=100, sigma=1.0, prior_sd=10.0, seed=0, dtype="float64"
+        cls,
+        n_obs=1000,
+        dim=2,
+        batch_size=100,
+        sigma=1.0,
+        prior_sd=10.0,
+        seed=0,
+        dtype="float64",
+        covariates=None,
     ):
         rng = np.random.default_rng(seed)
         X = rng.standard_normal((n_obs, dim))
         w = rng.standard_normal(dim)
         y = X @ w + sigma * rng.standard_normal(n_obs)
-        return cls(X, y, sigma, prior_sd, batch_size, dtype)
+        return cls(X, y, sigma, prior_sd, batch_size, dtype, covariates)
 
     @classmethod
     def random_intercepts(cls, groups=99, rows=50, batch_size=500):
@@ -59,7 +69,7 @@ class GaussianRegression:
 
     def model(self) -> pm.Model:
         n_obs, dim = self.X.shape
-        X, y = self.X.astype(self.dtype), self.y.astype(self.dtype)
+        X, y = self.X.astype(self.covariates or self.dtype), self.y.astype(self.dtype)
         with pytensor.config.change_flags(floatX=self.dtype), pm.Model() as model:
             if self.batch_size is None:
                 total = None

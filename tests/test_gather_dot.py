@@ -140,15 +140,20 @@ FORCE_OPS = {
 }
 
 
-@pytest.mark.parametrize("dtype", ["float64", "float32"])
+@pytest.mark.parametrize("dtype", ["float64", "float32", "float32 covariates"])
 @pytest.mark.parametrize("control_variates", [False, True])
 @pytest.mark.parametrize("sampler", FORCE_OPS)
 def test_sampler_chain_is_the_same_with_and_without_the_fused_products(
     monkeypatch, dtype, control_variates, sampler
 ):
     """With control variates the force reads the minibatch's rows at the draw and at the
-    anchor: the same single pass computes both (no separate product is left)."""
-    problem = GaussianRegression.make(n_obs=500, dim=3, batch_size=50, dtype=dtype)
+    anchor: the same single pass computes both (no separate product is left). Covariates
+    stored in float32 in a float64 model are read as they are, in float64 arithmetic."""
+    covariates = "float32" if dtype == "float32 covariates" else None
+    dtype = "float64" if covariates else dtype
+    problem = GaussianRegression.make(
+        n_obs=500, dim=3, batch_size=50, dtype=dtype, covariates=covariates
+    )
     make = partial(sampler, step_size=1e-4, thin=5, control_variates=control_variates)
 
     def draws():
