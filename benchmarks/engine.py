@@ -6,7 +6,7 @@ Five measurements, each printed as a markdown table (``--output`` also writes th
 * ``steps``: CPU microseconds per integrator step of ``SGMCMC._fill_buffer`` (the compiled
   block plus the NumPy minibatch indices and noise), next to the same block compiled without
   the fused minibatch products (``pymc_sgmcmc.gather_dot``), the same model built in float32,
-  the index and noise
+  the float64 model with its covariates X stored in float32, the index and noise
   generation alone and a hand-written numba SGLD / SGNHT-free reference loop (gather of the
   minibatch rows and two BLAS products, no PyTensor) on the same data (each block with
   ``control_variates=True``: ``control-variates``). CPU time of this process, so that other
@@ -87,16 +87,18 @@ def block_cost(
     fused: bool = True,
     dtype: str = "float64",
     control_variates: bool = False,
+    covariates: str | None = None,
 ) -> tuple[float, float]:
     """µs/step of ``_fill_buffer`` (block plus index/noise generation) and of the generation
     alone, after a first (compiling) block; ``fused=False`` compiles the block without the
     fused minibatch products (:mod:`pymc_sgmcmc.gather_dot`); ``dtype="float32"`` samples
-    the model built in float32 (data, state, noise and arithmetic); ``control_variates``
-    adds the anchor's minibatch gradient to each step (the anchor's full pass is in the
-    first, untimed block)."""
+    the model built in float32 (data, state, noise and arithmetic); ``covariates="float32"``
+    only X stored in float32 (a float64 model, which the fused kernels read it into);
+    ``control_variates`` adds the anchor's minibatch gradient to each step (the anchor's full
+    pass is in the first, untimed block)."""
     import pymc_sgmcmc.base as base
 
-    with problem.model(dtype=dtype):
+    with problem.model(dtype=dtype, covariates=covariates):
         step = make_step(name, thin, control_variates)
     if not fused:
         original, base.with_gather_dot = base.with_gather_dot, lambda mode: mode
@@ -154,8 +156,9 @@ def steps_table(problems: list[str], thin: int, repeats: int) -> list[str]:
         "",
         "| problem | SGLD block | SGLD block without the fused products | SGNHT block | of which "
         "indices + noise (NumPy) | numba reference SGLD loop (gather + 2 BLAS products, no RNG) "
-        "| SGLD block, float32 model | SGNHT block, float32 model |",
-        "| --- | --- | --- | --- | --- | --- | --- | --- |",
+        "| SGLD block, float32 model | SGNHT block, float32 model | SGLD block, float32 "
+        "covariates (float64 model) | SGNHT block, float32 covariates |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     for key in problems:
         problem = make_problem(key)
@@ -166,9 +169,11 @@ def steps_table(problems: list[str], thin: int, repeats: int) -> list[str]:
         floor_s = "-" if floor is None else f"{floor:.1f}"
         sgld32, _ = block_cost(problem, "SGLD", thin, repeats, dtype="float32")
         sgnht32, _ = block_cost(problem, "SGNHT", thin, repeats, dtype="float32")
+        sgld_x32, _ = block_cost(problem, "SGLD", thin, repeats, covariates="float32")
+        sgnht_x32, _ = block_cost(problem, "SGNHT", thin, repeats, covariates="float32")
         lines.append(
             f"| {key} | {sgld:.1f} | {unfused:.1f} | {sgnht:.1f} | {generation:.1f} | {floor_s} "
-            f"| {sgld32:.1f} | {sgnht32:.1f} |"
+            f"| {sgld32:.1f} | {sgnht32:.1f} | {sgld_x32:.1f} | {sgnht_x32:.1f} |"
         )
         print(lines[-1], flush=True)
     return lines

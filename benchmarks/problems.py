@@ -79,16 +79,19 @@ class Problem:
         )
 
     # ------------------------------------------------------------------ PyMC
-    def model(self, minibatch: bool = True, dtype: str = "float64") -> pm.Model:
+    def model(
+        self, minibatch: bool = True, dtype: str = "float64", covariates: str | None = None
+    ) -> pm.Model:
         """The PyMC model: minibatched with ``total_size`` for SG samplers, full data for NUTS.
 
         ``dtype="float32"``: the data in float32 and the model built under
-        ``floatX="float32"``, so that the samplers run in float32."""
+        ``floatX="float32"``, so that the samplers run in float32. ``covariates="float32"``:
+        X alone stored in float32, the model in ``dtype``."""
         with pytensor.config.change_flags(floatX=dtype):
-            return self._model(minibatch, dtype)
+            return self._model(minibatch, dtype, covariates or dtype)
 
-    def _model(self, minibatch: bool, dtype: str) -> pm.Model:
-        X = None if self.X is None else self.X.astype(dtype)
+    def _model(self, minibatch: bool, dtype: str, covariates: str) -> pm.Model:
+        X = None if self.X is None else self.X.astype(covariates)
         y = self.y.astype(dtype)
         with pm.Model() as model:
             if self.kind == "normal_gamma":
