@@ -602,18 +602,22 @@ def year_regression(centred: bool) -> pm.Model:
     return model
 
 
+def sgnht_warnings(model: pm.Model, **options) -> list[str]:
+    """The SGNHT warnings of a run of 50 draws after ``tune=300`` on ``model`` (seed 1)."""
+    with model, warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        step = SGNHT(**options)
+        pm.sample(50, tune=300, step=step, chains=1, random_seed=1, **SAMPLE_KWARGS)
+    return [str(w.message) for w in caught if "SGNHT" in str(w.message)]
+
+
 @pytest.mark.parametrize("centred", [False, True])
 def test_an_uncentred_covariate_is_reported_with_the_pair_and_the_fix(centred):
     # Under a diagonal preconditioner every sampler drew a and b 7-12 posterior sd from NUTS's,
     # warned of drift and a capped thin, whose remedies (control variates, a longer tune,
     # the thin it gave) did not help: the warnings name the pair and say to centre the
     # covariate. Centred, the same run is right and says nothing.
-    with year_regression(centred):
-        with warnings.catch_warnings(record=True) as caught:
-            warnings.simplefilter("always")
-            step = SGNHT(adapt_preconditioner="diag")
-            pm.sample(50, tune=300, step=step, chains=1, random_seed=1, **SAMPLE_KWARGS)
-    messages = [str(w.message) for w in caught if "SGNHT" in str(w.message)]
+    messages = sgnht_warnings(year_regression(centred), adapt_preconditioner="diag")
     if centred:
         assert messages == []
         return
@@ -652,11 +656,7 @@ def test_a_non_centred_hierarchical_model_is_told_to_use_the_centred_form(centre
     # advice, does not help; the warning names the product and the centred form. Centred,
     # no drift, and no warning (its thin is capped, by the gradient noise and by tau's
     # wide direction) names a form the model is not written in.
-    with varying_intercepts(centred):
-        with warnings.catch_warnings(record=True) as caught:
-            warnings.simplefilter("always")
-            pm.sample(50, tune=300, step=SGNHT(), chains=1, random_seed=1, **SAMPLE_KWARGS)
-    messages = [str(w.message) for w in caught if "SGNHT" in str(w.message)]
+    messages = sgnht_warnings(varying_intercepts(centred))
     drifting = [m for m in messages if "still drifting" in m]
     if centred:
         assert drifting == []
