@@ -46,7 +46,7 @@ from pytensor.graph.basic import Apply, Constant, Variable
 from pytensor.graph.replace import clone_replace, vectorize_graph
 from pytensor.graph.traversal import ancestors, toposort
 from pytensor.graph.utils import MethodNotDefined
-from pytensor.scalar import Mul, upcast
+from pytensor.scalar import Abs, Exp, Mul, Softplus, Sqr, Sqrt, upcast
 from pytensor.tensor.elemwise import DimShuffle, Elemwise
 from pytensor.tensor.exceptions import NotScalarConstantError
 from pytensor.tensor.random.basic import NormalRV
@@ -85,6 +85,9 @@ __all__ = [
 #: Ops that reshape or index a variable without computing with it (for
 #: :func:`non_centred_products`), and the ``ViewOp`` of a ``pm.Deterministic``.
 _SHAPING_OPS = (DimShuffle, Subtensor, AdvancedSubtensor, ViewOp)
+#: The positive functions by which a model may compute a scale from a free variable
+#: (``tau = exp(log_tau)``), which :func:`non_centred_products` looks through.
+_SCALE_FUNCTIONS = (Exp, Softplus, Sqrt, Sqr, Abs)
 
 
 class ModelError(ValueError):
@@ -238,12 +241,13 @@ def _check_free_variables(model: pm.Model, value_vars: Sequence[Variable]) -> No
 
 
 def non_centred_products(model: pm.Model) -> list[tuple[str, str]]:
-    """(z, tau) name pairs where the model multiplies a free variable ``z`` of one or more
-    dimensions with a zero-location Normal prior by another free variable ``tau``: the
-    non-centred form ``a = mu + tau * z`` of a hierarchical model, for the warnings of a chain
-    that drifts or relaxes slowly (its groups' rows pin each ``a`` down, so that changing
-    ``tau`` moves every ``z`` together, along a curved surface no preconditioner follows).
-    Looks through reshapes and indexing, not through other functions of ``tau``."""
+    """(z, tau) pairs where the model multiplies a free variable ``z`` of one or more
+    dimensions with a zero-location Normal prior by another free variable ``tau``, or by a
+    positive function of one (``exp(log_tau)``, as the pair's second entry names it): the
+    non-centred form ``a = mu + tau * z`` of a hierarchical model, for the warnings of a
+    chain that drifts or relaxes slowly (its groups' rows pin each ``a`` down, so that
+    changing ``tau`` moves every ``z`` together, along a curved surface no preconditioner
+    follows). Looks through reshapes and indexing on either side."""
     free = set(model.free_RVs)
 
     def zero_location_normal(rv: Variable) -> bool:
@@ -256,20 +260,36 @@ def non_centred_products(model: pm.Model) -> list[tuple[str, str]]:
 
     standard = {rv for rv in free if zero_location_normal(rv)}
 
-    def free_root(var: Variable) -> Variable | None:
+    def unshaped(var: Variable) -> Variable:
         while var.owner is not None and isinstance(var.owner.op, _SHAPING_OPS):
             var = var.owner.inputs[0]
-        return var if var in free else None
+        return var
+
+    def scale_name(var: Variable) -> str | None:
+        """The free variable ``var`` is, or the positive function of one it computes."""
+        var = unshaped(var)
+        if var in free:
+            return var.name
+        node = var.owner
+        if node is not None and isinstance(node.op, Elemwise):
+            if isinstance(node.op.scalar_op, _SCALE_FUNCTIONS) and len(node.inputs) == 1:
+                inner = scale_name(node.inputs[0])
+                name = type(node.op.scalar_op).__name__.lower()
+                return None if inner is None else f"{name}({inner})"
+        return None
 
     pairs = []
     graphs = [*model.observed_RVs, *model.deterministics, *model.potentials]
     for node in toposort(graphs):
         if not (isinstance(node.op, Elemwise) and isinstance(node.op.scalar_op, Mul)):
             continue
-        roots = [free_root(var) for var in node.inputs]
-        for z in roots:
-            if z in standard:
-                pairs += [(z.name, tau.name) for tau in roots if tau is not None and tau is not z]
+        for i, factor in enumerate(node.inputs):
+            z = unshaped(factor)
+            if z not in standard:
+                continue
+            others = (v for j, v in enumerate(node.inputs) if j != i and unshaped(v) is not z)
+            scales = (scale_name(other) for other in others)
+            pairs += [(z.name, tau) for tau in scales if tau is not None]
     return list(dict.fromkeys(pairs))
 
 

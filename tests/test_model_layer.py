@@ -762,6 +762,9 @@ def test_potential_on_minibatch_data_is_rejected():
         ("a ~ N(mu, tau)", []),
         ("slopes z[g] * x", []),
         ("scalar tau * b", []),
+        ("mu + exp(log_tau) * z", [("z", "exp(log_tau)")]),
+        ("mu + tau * exp(z)", []),
+        ("z * z", []),
     ],
 )
 def test_non_centred_products_are_those_of_a_standard_normal_vector_and_a_free_scale(
@@ -769,7 +772,8 @@ def test_non_centred_products_are_those_of_a_standard_normal_vector_and_a_free_s
 ):
     # What the warnings of a drifting chain name as a non-centred hierarchical model: a
     # free vector with a zero-location Normal prior multiplied, through indexing, by another
-    # free variable; not the centred form, a vector times data, or a scalar.
+    # free variable or a positive function of one; not the centred form, a vector times
+    # data, a function of the vector, the vector squared, or a scalar.
     rng = np.random.default_rng(0)
     g, x, y = np.repeat(np.arange(3), 10), rng.normal(size=30), rng.normal(size=30)
     with pm.Model() as model:
@@ -783,6 +787,14 @@ def test_non_centred_products_are_those_of_a_standard_normal_vector_and_a_free_s
             mean = tau * pm.Normal("b", 0, 1)
         elif form == "mu + tau * z":
             mean = (mu + tau * pm.Normal("z", 0, 1, shape=3))[g_mb]
+        elif form == "mu + exp(log_tau) * z":
+            log_tau = pm.Normal("log_tau", 0, 1)
+            mean = (mu + pt.exp(log_tau) * pm.Normal("z", 0, 1, shape=3))[g_mb]
+        elif form == "mu + tau * exp(z)":
+            mean = (mu + tau * pt.exp(pm.Normal("z", 0, 1, shape=3)))[g_mb]
+        elif form == "z * z":
+            z = pm.Normal("z", 0, 1, shape=3)
+            mean = (z * z)[g_mb]
         else:
             mean = pm.Deterministic("a", mu + pm.Normal("z", 0, 1, shape=3) * tau)[g_mb]
         pm.Normal("y", mean, 1, observed=y_mb, total_size=30)
