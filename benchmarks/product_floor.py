@@ -58,7 +58,7 @@ from models import GaussianRegression
 from report import child_result, header, output_path, write
 
 from pymc_sgmcmc.gather_dot import _gather_matvec
-from pymc_sgmcmc.gram_product import _centred_gram, _centred_gram_double, _centred_gram_single
+from pymc_sgmcmc.gram_product import _centred_gram, _centred_gram_single, _gram_uncentred_sums
 
 N_OBS, DIM, BATCH = 10_000, 100, 500
 ROUNDS, REPEATS = 5, 5
@@ -134,12 +134,12 @@ def product_rows(rng) -> list[str]:
     reference = (g @ w - mean @ w) @ g
     single = g.astype(np.float32)
     variants = [
-        ("project kernel, 4 rows at a time (float64)", _centred_gram_double, g, np.float64),
+        ("project kernel, 4 rows at a time (float64)", _gram_uncentred_sums, g, np.float64),
         ("8 rows at a time", gram_eight_rows, g, np.float64),
         ("G stored transposed (D x n)", gram_transposed, np.ascontiguousarray(g.T), np.float64),
         ("two BLAS calls", gram_blas, g, np.float64),
-        ("G stored in float32, summed in float64", _centred_gram_double, single, np.float64),
-        ("G, m, w and the sums in float32, uncentred", _centred_gram_double, single, np.float32),
+        ("G stored in float32, summed in float64", _gram_uncentred_sums, single, np.float64),
+        ("G, m, w and the sums in float32, uncentred", _gram_uncentred_sums, single, np.float32),
         ("project kernel, G in float32: centred sums", _centred_gram_single, single, np.float64),
     ]
     runs, errors = {}, {}

@@ -20,12 +20,18 @@ compile is unchanged (mCCAdL on P1, step construction to the first draw with emp
 The kernel sums in the rows' precision. Rows rounded to float32 (the Krylov kernels' default
 tolerances, :data:`~pymc_sgmcmc.krylov.SINGLE_PRECISION_ROWS`) are summed in float32, each
 entry centred before it is multiplied (``_centred_gram_single``); float64 rows keep the
-uncentred float64 sums (``_centred_gram_double``). On the 2-core Xeon with AVX-512
+uncentred float64 sums (``_gram_uncentred_sums``). On the 2-core Xeon with AVX-512
 (2026-12-02, numba's and PyTensor's caches emptied before each run), the float32 sums took
 a Lanczos C step with 3 products from 28.9 to 21.5-22.4 µs, mCCAdL's step on the D = 100
 regression from 71.2-71.4 to 64.8-65.6 µs and NOGIN's (5 conjugate-gradient products) from
-86.0-87.2 to 76.5-77.8 µs, two runs each. The other backends' graph (below) sums the
-uncentred rows in the vectors' precision.
+86.0-87.2 to 76.5-77.8 µs, two runs each. The Krylov kernels multiply by the same rows
+several times a step: after a first product that centres every entry and measures the rows'
+spread, they sum float32 rows uncentred where the rows' mean lies within their spread, as
+near the posterior (:func:`_krylov_gram`). In ``benchmarks/covariance.py``'s measurement at
+D = 100, five alternated pairs of processes (2026-12-05), that took mCCAdL's step from
+59.2-66.4 to 57.6-60.7 µs (median 2.66 to 2.42 times SGLD's) and NOGIN's from 69.5-72.6 to
+63.8-68.0 µs (3.04 to 2.77). The other backends' graph (below) sums the uncentred rows in the
+vectors' precision.
 
 Numba caches each function with the source file it is defined in, and a caller's cache holds
 the kernels it calls compiled into it: after an edit of this module or of
@@ -118,9 +124,9 @@ optdb.register(
 
 def _centred_gram(g, mean, w, out):
     """out = Gc^T (Gc w) for the rows ``g`` and their mean ``mean``, in the rows' precision:
-    :func:`_centred_gram_single` for float32 rows, else :func:`_centred_gram_double` (this
+    :func:`_centred_gram_single` for float32 rows, else :func:`_gram_uncentred_sums` (this
     function's overload chooses when numba compiles a caller; called from Python, here)."""
-    kernel = _centred_gram_single if g.dtype == np.float32 else _centred_gram_double
+    kernel = _centred_gram_single if g.dtype == np.float32 else _gram_uncentred_sums
     kernel(g, mean, w, out)
 
 
@@ -128,11 +134,11 @@ def _centred_gram(g, mean, w, out):
 def _overload_centred_gram(g, mean, w, out):
     if g.dtype == types.float32:
         return lambda g, mean, w, out: _centred_gram_single(g, mean, w, out)
-    return lambda g, mean, w, out: _centred_gram_double(g, mean, w, out)
+    return lambda g, mean, w, out: _gram_uncentred_sums(g, mean, w, out)
 
 
 @numba.njit(cache=True, fastmath=True)
-def _centred_gram_double(g, mean, w, out):
+def _gram_uncentred_sums(g, mean, w, out):
     """out = sum_i (g_i . w - m . w) g_i, four rows at a time: the loops of
     :func:`~pymc_sgmcmc.gather_dot._gather_matvec` and ``_gather_rmatvec`` in one, on rows in
     place (written out again, not shared: see ``gather_dot._GLM_KERNEL``), read as ``g[i, j]``
@@ -169,12 +175,14 @@ def _centred_gram_double(g, mean, w, out):
 
 
 @numba.njit(cache=True, fastmath=True)
-def _centred_gram_single(g, mean, w, out):
+def _centred_gram_single(g, mean, w, out, spread=False):
     """out = sum_i ((g_i - m) . w) (g_i - m) for float32 rows, summed in float32 with ``m``
-    and ``w`` rounded to float32, each entry centred before it is multiplied.
+    and ``w`` rounded to float32, each entry centred before it is multiplied; returns the
+    sum of the centred entries' squares where ``spread`` is true (else 0: LLVM takes the
+    test out of the loop, and the product costs what it did without it).
 
     Float32 sums need no conversions and twice the SIMD lanes: with float64 ``m``, ``w`` and
-    sums, as :func:`_centred_gram_double` computes them, a product with 500 x 100 rows took
+    sums, as :func:`_gram_uncentred_sums` computes them, a product with 500 x 100 rows took
     8.4 instead of 5.9 us (2-core Xeon with AVX-512, 2026-12-02). The centring keeps the
     rounding relative to the rows' spread: uncentred sums in float32 lose ``log10(m^2 / var)``
     of about 7 digits (a relative error of 2.5e-3 with rows 100 sds from zero, above the
@@ -187,15 +195,22 @@ def _centred_gram_single(g, mean, w, out):
     w32, m32, total = np.empty(d, g.dtype), np.empty(d, g.dtype), np.zeros(d, g.dtype)
     for j in range(d):
         w32[j], m32[j] = w[j], mean[j]
+    q0 = q1 = q2 = q3 = zero
     i = 0
     while i + 4 <= n:
         s0 = s1 = s2 = s3 = zero
         for j in range(d):
             wj, mj = w32[j], m32[j]
-            s0 += (g[i, j] - mj) * wj
-            s1 += (g[i + 1, j] - mj) * wj
-            s2 += (g[i + 2, j] - mj) * wj
-            s3 += (g[i + 3, j] - mj) * wj
+            c0, c1, c2, c3 = g[i, j] - mj, g[i + 1, j] - mj, g[i + 2, j] - mj, g[i + 3, j] - mj
+            s0 += c0 * wj
+            s1 += c1 * wj
+            s2 += c2 * wj
+            s3 += c3 * wj
+            if spread:
+                q0 += c0 * c0
+                q1 += c1 * c1
+                q2 += c2 * c2
+                q3 += c3 * c3
         for j in range(d):
             mj = m32[j]
             total[j] += (
@@ -208,12 +223,77 @@ def _centred_gram_single(g, mean, w, out):
     while i < n:
         s = zero
         for j in range(d):
-            s += (g[i, j] - m32[j]) * w32[j]
+            c = g[i, j] - m32[j]
+            s += c * w32[j]
+            if spread:
+                q0 += c * c
         for j in range(d):
             total[j] += (g[i, j] - m32[j]) * s
         i += 1
     for j in range(d):
         out[j] = total[j]
+    return (q0 + q1) + (q2 + q3) if spread else zero
+
+
+@numba.njit(cache=True)
+def _uncentred_gram_single(g, mean, w, out):
+    """out = Gc^T (Gc w) for float32 rows whose mean ``m`` lies within their spread: the
+    uncentred sums of :func:`_gram_uncentred_sums` in float32, with ``m`` and ``w`` rounded
+    to float32. Uncentred sums round relative to ``|g_i|^2`` rather than to the centred
+    entries' squares, a factor of about ``1 + |m|^2 / var``: at most about 2 with the mean
+    within the spread, :func:`_krylov_gram`'s condition for using this kernel. It skips the
+    subtraction per entry of :func:`_centred_gram_single`: 4.5 against 6.6 us with 500 x 100
+    rows; the error against the float64 product of the rows before rounding 4.3e-7 and
+    6.3e-7 against 6.5e-7 and 6.6e-7 with the rows' mean at zero and at one sd per
+    coordinate, and where it is not used 7.0e-5 and 7.2e-3 against 6.0e-7 and 1.8e-6 at 10
+    and 100 sds (2-core Xeon, 2026-12-05)."""
+    d = w.shape[0]
+    w32, m32, total = np.empty(d, g.dtype), np.empty(d, g.dtype), np.empty(d, g.dtype)
+    for j in range(d):
+        w32[j], m32[j] = w[j], mean[j]
+    _gram_uncentred_sums(g, m32, w32, total)
+    for j in range(d):
+        out[j] = total[j]
+
+
+def _krylov_gram(g, mean, w, out, mean_within_spread: bool) -> bool:
+    """out = Gc^T (Gc w) for the Krylov kernels, which multiply by the same rows 3-14 times a
+    step; returns whether their next products may use :func:`_uncentred_gram_single`.
+
+    Float32 rows: with ``mean_within_spread`` (what the first product returned), that
+    kernel; else :func:`_centred_gram_single`, which also sums the centred entries' squares,
+    and the mean lies within the spread where ``n |m|^2`` is at most that sum (the mean's
+    norm at most the rows' root-mean-square distance from it), as for the minibatch
+    gradients near the posterior, whose mean is about their spread over sqrt(n). Float64
+    rows: :func:`_gram_uncentred_sums` (uncentred already). Three products with 500 x 100
+    rows near zero, in sequence, took 17.0 against 20.4 us, five 26.2 against 33.9 us (the
+    squares cost the first 0.7 us). Numba callers only: the overload below is the
+    implementation."""
+    raise NotImplementedError("_krylov_gram runs inside numba kernels only")
+
+
+@overload(_krylov_gram, jit_options={"cache": True})
+def _overload_krylov_gram(g, mean, w, out, mean_within_spread):
+    if g.dtype != types.float32:
+
+        def double(g, mean, w, out, mean_within_spread):
+            _gram_uncentred_sums(g, mean, w, out)
+            return False
+
+        return double
+
+    def single(g, mean, w, out, mean_within_spread):
+        if mean_within_spread:
+            _uncentred_gram_single(g, mean, w, out)
+            return True
+        squares = _centred_gram_single(g, mean, w, out, True)
+        norm = _zero(g)
+        for j in range(mean.shape[0]):
+            mj = np.float32(mean[j])
+            norm += mj * mj
+        return g.shape[0] * norm <= squares
+
+    return single
 
 
 @register_funcify_default_op_cache_key(CentredGramProduct)
@@ -241,8 +321,10 @@ _CACHE_SALT = int(
                 inspect.getsource(f)
                 for f in (
                     _overload_centred_gram,
-                    _centred_gram_double,
+                    _gram_uncentred_sums,
                     _centred_gram_single,
+                    _uncentred_gram_single,
+                    _overload_krylov_gram,
                     _numba_centred_gram,
                 )
             ]

@@ -53,15 +53,16 @@ from pytensor.tensor.basic import as_tensor_variable
 
 from pymc_sgmcmc import gram_product
 from pymc_sgmcmc.gather_dot import _zero
-from pymc_sgmcmc.gram_product import EXPANSIONS, CentredGramProduct, _centred_gram
+from pymc_sgmcmc.gram_product import EXPANSIONS, CentredGramProduct, _krylov_gram
 
 #: The error tolerances of :func:`lanczos_expm`: ||error|| <= u ||v||.
 EXPM_TOLERANCE = {"half": 2.0**-11, "single": 2.0**-24, "double": 2.0**-53}
 
 #: The Lanczos tolerances, and the smallest conjugate-gradient tolerance, at which the
 #: low-rank kernels of a float64 model read the per-observation gradients G as float32
-#: (``model_layer.Covariance.low_rank_parts``), and numba's product kernel sums them in
-#: float32, each entry centred first (``gram_product._centred_gram_single``).
+#: (``model_layer.Covariance.low_rank_parts``), and numba's product kernels sum them in
+#: float32, each entry centred first (``gram_product._centred_gram_single``) unless the
+#: rows' mean lies within their spread (``gram_product._krylov_gram``).
 #: Rounding G moves each centred entry by at most 2^-24 (abs(Gc_ij) + abs(m_j)). Near the
 #: posterior the mean m is small against the spread of the rows, so that is about 1e-7 of
 #: Sigma, and the float32 sums bring the products' error to about 3e-7: a third of the
@@ -462,13 +463,15 @@ def _overload_map_out(columns, gain, shift, x, gram, out):
 
 
 @numba.njit(cache=True)
-def _apply_low_rank(g, mean, columns, gain, shift, x, scaled, gram, out):
+def _apply_low_rank(g, mean, columns, gain, shift, x, scaled, gram, out, mean_within_spread):
     """out = gain M^T (Gc^T Gc (M x)) + d x, with M = diag(s) or a dense preconditioner's
     map (``scaled`` and ``gram`` are work space): the operator of both kernels, as
-    :func:`low_rank_matvec` writes it as a graph."""
+    :func:`low_rank_matvec` writes it as a graph. Returns whether the rows' mean lies within
+    their spread, for the next product (``gram_product._krylov_gram``; false to start)."""
     _map_in(columns, x, scaled)
-    _centred_gram(g, mean, scaled, gram)
+    mean_within_spread = _krylov_gram(g, mean, scaled, gram, mean_within_spread)
     _map_out(columns, gain, shift, x, gram, out)
+    return mean_within_spread
 
 
 @numba.njit(cache=True)
@@ -494,8 +497,11 @@ def _lanczos_expm(g, mean, columns, gain, shift, t, v, u, max_products):
     for j in range(dim):
         q[j] = v[j] / max(norm_v, tiny)
     beta_prev, log_bound, gamma, count, stop = 0.0, 0.0, -np.inf, 0, False
+    mean_within_spread = False
     while count < max_products and not stop:
-        _apply_low_rank(g, mean, columns, gain, shift, q, scaled, gram, w)
+        mean_within_spread = _apply_low_rank(
+            g, mean, columns, gain, shift, q, scaled, gram, w, mean_within_spread
+        )
         alpha = 0.0
         for j in range(dim):
             alpha += q[j] * w[j]
@@ -565,8 +571,11 @@ def _shifted_cg(g, mean, columns, gain, diagonal, v, tolerance, iterations):
         r[j] = d[j] = v[j]
         rr += v[j] * v[j]
     stop = tolerance**2 * rr
+    mean_within_spread = False
     for _ in range(iterations):
-        _apply_low_rank(g, mean, columns, gain, diagonal, d, scaled, gram, ad)
+        mean_within_spread = _apply_low_rank(
+            g, mean, columns, gain, diagonal, d, scaled, gram, ad, mean_within_spread
+        )
         curvature = 0.0
         for j in range(dim):
             curvature += d[j] * ad[j]
