@@ -28,7 +28,7 @@ regression from 71.2-71.4 to 64.8-65.6 µs and NOGIN's (5 conjugate-gradient pro
 several times a step: after a first product that centres every entry and measures the rows'
 spread, they sum float32 rows uncentred where the rows' mean lies within their spread, as
 near the posterior (:func:`_krylov_gram`). In ``benchmarks/covariance.py``'s measurement at
-D = 100, five alternated pairs of processes (2026-12-05), that took mCCAdL's step from
+D = 100, five alternated pairs of processes (the 2-core AMD EPYC, 2026-12-05), that took mCCAdL's step from
 59.2-66.4 to 57.6-60.7 µs (median 2.66 to 2.42 times SGLD's) and NOGIN's from 69.5-72.6 to
 63.8-68.0 µs (3.04 to 2.77). The other backends' graph (below) sums the uncentred rows in the
 vectors' precision.
@@ -246,7 +246,7 @@ def _uncentred_gram_single(g, mean, w, out):
     rows; the error against the float64 product of the rows before rounding 4.3e-7 and
     6.3e-7 against 6.5e-7 and 6.6e-7 with the rows' mean at zero and at one sd per
     coordinate, and where it is not used 7.0e-5 and 7.2e-3 against 6.0e-7 and 1.8e-6 at 10
-    and 100 sds (2-core Xeon, 2026-12-05)."""
+    and 100 sds (the 2-core AMD EPYC host, 2026-12-05)."""
     d = w.shape[0]
     w32, m32, total = np.empty(d, g.dtype), np.empty(d, g.dtype), np.empty(d, g.dtype)
     for j in range(d):
