@@ -27,7 +27,7 @@ regression from 71.2-71.4 to 64.8-65.6 µs and NOGIN's (5 conjugate-gradient pro
 86.0-87.2 to 76.5-77.8 µs, two runs each. The Krylov kernels multiply by the same rows
 several times a step: after a first product that centres every entry and measures the rows'
 spread, they sum float32 rows uncentred where the rows' mean lies within their spread, as
-near the posterior (:func:`_krylov_gram`). In ``benchmarks/covariance.py``'s measurement at
+near the posterior (``_krylov_gram``). In ``benchmarks/covariance.py``'s measurement at
 D = 100, five alternated pairs of processes (the 2-core AMD EPYC, 2026-12-05), that took
 mCCAdL's step from 59.2-66.4 to 57.6-60.7 µs (median 2.66 to 2.42 times SGLD's) and NOGIN's
 from 69.5-72.6 to 63.8-68.0 µs (3.04 to 2.77). The other backends' graph (below) sums the
