@@ -25,13 +25,14 @@ uncentred float64 sums (``_gram_uncentred_sums``). On the 2-core Xeon with AVX-5
 a Lanczos C step with 3 products from 28.9 to 21.5-22.4 µs, mCCAdL's step on the D = 100
 regression from 71.2-71.4 to 64.8-65.6 µs and NOGIN's (5 conjugate-gradient products) from
 86.0-87.2 to 76.5-77.8 µs, two runs each. The Krylov kernels multiply by the same rows
-several times a step: after a first product that centres every entry and measures the rows'
-spread, they sum float32 rows uncentred where the rows' mean lies within their spread, as
-near the posterior (``_krylov_gram``). In ``benchmarks/covariance.py``'s measurement at
-D = 100, five alternated pairs of processes (the 2-core AMD EPYC, 2026-12-05), that took
-mCCAdL's step from 59.2-66.4 to 57.6-60.7 µs (median 2.66 to 2.42 times SGLD's) and NOGIN's
-from 69.5-72.6 to 63.8-68.0 µs (3.04 to 2.77). The other backends' graph (below) sums the
-uncentred rows in the vectors' precision.
+several times a step: they sum float32 rows uncentred where the rows' mean lies within
+their spread, as near the posterior, which the first product measures, and elsewhere read a
+centred copy of the rows (``_krylov_gram``). In ``benchmarks/covariance.py``'s measurement
+at D = 100, five alternated pairs of processes (the 2-core AMD EPYC, 2026-12-05), the
+uncentred products after a centred first one took mCCAdL's step from 59.2-66.4 to
+57.6-60.7 µs (median 2.66 to 2.42 times SGLD's) and NOGIN's from 69.5-72.6 to 63.8-68.0 µs
+(3.04 to 2.77); the uncentred first product (2026-12-06) did not move them measurably. The
+other backends' graph (below) sums the uncentred rows in the vectors' precision.
 
 Numba caches each function with the source file it is defined in, and a caller's cache holds
 the kernels it calls compiled into it: after an edit of this module or of
@@ -138,19 +139,23 @@ def _overload_centred_gram(g, mean, w, out):
 
 
 @numba.njit(cache=True, fastmath=True)
-def _gram_uncentred_sums(g, mean, w, out):
+def _gram_uncentred_sums(g, mean, w, out, squares=False):
     """out = sum_i (g_i . w - m . w) g_i, four rows at a time: the loops of
     :func:`~pymc_sgmcmc.gather_dot._gather_matvec` and ``_gather_rmatvec`` in one, on rows in
     place (written out again, not shared: see ``gather_dot._GLM_KERNEL``), read as ``g[i, j]``
-    rather than through row views (see ``gather_dot._row``). The sums are uncentred, in the
-    type of ``out``: in float64 that loses about ``log10(m^2 / var)`` of 16 digits, and
-    centring each entry first (as :func:`_centred_gram_single` does) took 15 % longer."""
+    rather than through row views (see ``gather_dot._row``). Returns the sum of the rows'
+    squared entries where ``squares`` is true, else 0: LLVM takes the test out of the loop,
+    so that one compiled loop serves both (without the squares, 4.6 us at 500 x 100 float32
+    rows, as without the flag; with them 5.5 us). The sums are uncentred, in the type of
+    ``out``: in float64 that loses about ``log10(m^2 / var)`` of 16 digits, and centring
+    each entry first (as :func:`_centred_gram_single` does) took 15 % longer."""
     n, d = g.shape[0], _opaque(g.shape[1])  # the length opaque: see gather_dot._opaque
     c = _zero(out)
     for j in range(d):
         c += mean[j] * w[j]
     for j in range(d):
         out[j] = 0
+    q0 = q1 = q2 = q3 = _zero(g)
     i = 0
     while i + 4 <= n:
         s0 = s1 = s2 = s3 = _zero(out)
@@ -160,6 +165,11 @@ def _gram_uncentred_sums(g, mean, w, out):
             s1 += g[i + 1, j] * wj
             s2 += g[i + 2, j] * wj
             s3 += g[i + 3, j] * wj
+            if squares:
+                q0 += g[i, j] * g[i, j]
+                q1 += g[i + 1, j] * g[i + 1, j]
+                q2 += g[i + 2, j] * g[i + 2, j]
+                q3 += g[i + 3, j] * g[i + 3, j]
         s0, s1, s2, s3 = s0 - c, s1 - c, s2 - c, s3 - c
         for j in range(d):
             out[j] += g[i, j] * s0 + g[i + 1, j] * s1 + g[i + 2, j] * s2 + g[i + 3, j] * s3
@@ -168,18 +178,20 @@ def _gram_uncentred_sums(g, mean, w, out):
         s = _zero(out)
         for j in range(d):
             s += g[i, j] * w[j]
+            if squares:
+                q0 += g[i, j] * g[i, j]
         s -= c
         for j in range(d):
             out[j] += g[i, j] * s
         i += 1
+    return (q0 + q1) + (q2 + q3)
 
 
 @numba.njit(cache=True, fastmath=True)
-def _centred_gram_single(g, mean, w, out, spread=False):
+def _centred_gram_single(g, mean, w, out):
     """out = sum_i ((g_i - m) . w) (g_i - m) for float32 rows, summed in float32 with ``m``
-    and ``w`` rounded to float32, each entry centred before it is multiplied; returns the
-    sum of the centred entries' squares where ``spread`` is true (else 0: LLVM takes the
-    test out of the loop, and the product costs what it did without it).
+    and ``w`` rounded to float32, each entry centred before it is multiplied: the single
+    products of :class:`CentredGramProduct` (mSGLD's Sigma R).
 
     Float32 sums need no conversions and twice the SIMD lanes: with float64 ``m``, ``w`` and
     sums, as :func:`_gram_uncentred_sums` computes them, a product with 500 x 100 rows took
@@ -195,22 +207,15 @@ def _centred_gram_single(g, mean, w, out, spread=False):
     w32, m32, total = np.empty(d, g.dtype), np.empty(d, g.dtype), np.zeros(d, g.dtype)
     for j in range(d):
         w32[j], m32[j] = w[j], mean[j]
-    q0 = q1 = q2 = q3 = zero
     i = 0
     while i + 4 <= n:
         s0 = s1 = s2 = s3 = zero
         for j in range(d):
             wj, mj = w32[j], m32[j]
-            c0, c1, c2, c3 = g[i, j] - mj, g[i + 1, j] - mj, g[i + 2, j] - mj, g[i + 3, j] - mj
-            s0 += c0 * wj
-            s1 += c1 * wj
-            s2 += c2 * wj
-            s3 += c3 * wj
-            if spread:
-                q0 += c0 * c0
-                q1 += c1 * c1
-                q2 += c2 * c2
-                q3 += c3 * c3
+            s0 += (g[i, j] - mj) * wj
+            s1 += (g[i + 1, j] - mj) * wj
+            s2 += (g[i + 2, j] - mj) * wj
+            s3 += (g[i + 3, j] - mj) * wj
         for j in range(d):
             mj = m32[j]
             total[j] += (
@@ -223,75 +228,105 @@ def _centred_gram_single(g, mean, w, out, spread=False):
     while i < n:
         s = zero
         for j in range(d):
-            c = g[i, j] - m32[j]
-            s += c * w32[j]
-            if spread:
-                q0 += c * c
+            s += (g[i, j] - m32[j]) * w32[j]
         for j in range(d):
             total[j] += (g[i, j] - m32[j]) * s
         i += 1
     for j in range(d):
         out[j] = total[j]
-    return (q0 + q1) + (q2 + q3) if spread else zero
 
 
 @numba.njit(cache=True)
-def _uncentred_gram_single(g, mean, w, out):
-    """out = Gc^T (Gc w) for float32 rows whose mean ``m`` lies within their spread: the
-    uncentred sums of :func:`_gram_uncentred_sums` in float32, with ``m`` and ``w`` rounded
-    to float32. Uncentred sums round relative to ``|g_i|^2`` rather than to the centred
-    entries' squares, a factor of about ``1 + |m|^2 / var``: at most about 2 with the mean
-    within the spread, :func:`_krylov_gram`'s condition for using this kernel. It skips the
-    subtraction per entry of :func:`_centred_gram_single`: 4.5 against 6.6 us with 500 x 100
-    rows; the error against the float64 product of the rows before rounding 4.3e-7 and
-    6.3e-7 against 6.5e-7 and 6.6e-7 with the rows' mean at zero and at one sd per
-    coordinate, and where it is not used 7.0e-5 and 7.2e-3 against 6.0e-7 and 1.8e-6 at 10
-    and 100 sds (the 2-core AMD EPYC host, 2026-12-05)."""
+def _uncentred_gram_single(g, mean, w, out, squares=False):
+    """out = Gc^T (Gc w) for float32 rows, the uncentred sums of :func:`_gram_uncentred_sums`
+    in float32 with ``m`` and ``w`` rounded to float32; returns the sum of the rows' squared
+    entries where ``squares`` is true. Uncentred sums round relative to ``|g_i|^2`` rather
+    than to the centred entries' squares, a factor of about ``1 + |m|^2 / var``: at most
+    about 2 with the mean within the spread, where :func:`_krylov_gram` uses it on the rows
+    themselves. It skips the subtraction per entry of :func:`_centred_gram_single`: 4.6
+    against 6.6 us with 500 x 100 rows, 5.5 us with the squares; the error against the
+    float64 product of the rows before rounding 3.6e-7 and 6.6e-7 against 3.0e-7 and 3.1e-7
+    with the rows' mean at zero and at one sd per coordinate, and where it is not used on
+    them 1.0e-4 and 3.2e-3 against 3.5e-7 and 2.8e-7 at 10 and 100 sds (the 2-core AMD
+    EPYC host, 2026-12-06)."""
     d = w.shape[0]
     w32, m32, total = np.empty(d, g.dtype), np.empty(d, g.dtype), np.empty(d, g.dtype)
     for j in range(d):
         w32[j], m32[j] = w[j], mean[j]
-    _gram_uncentred_sums(g, m32, w32, total)
+    sum_of_squares = _gram_uncentred_sums(g, m32, w32, total, squares)
     for j in range(d):
         out[j] = total[j]
+    return sum_of_squares
 
 
-def _krylov_gram(g, mean, w, out, mean_within_spread: bool) -> bool:
+@numba.njit(cache=True)
+def _centred_rows(g, mean):
+    """The rows less their mean (rounded to the rows' type), a new array: the rows whose
+    uncentred sums are the centred ones, for a Krylov kernel's products where the rows' mean
+    lies outside their spread. A copy of 500 x 100 float32 rows took 4.6-4.8 us, which the
+    2 us saved per product repays after about three products (the 2-core AMD EPYC host,
+    2026-12-06)."""
+    n, d = g.shape
+    centred, m = np.empty((n, d), g.dtype), np.empty(d, g.dtype)
+    for j in range(d):
+        m[j] = mean[j]
+    for i in range(n):
+        for j in range(d):
+            centred[i, j] = g[i, j] - m[j]
+    return centred
+
+
+def _krylov_gram(rows, centre, w, out, first: bool):
     """out = Gc^T (Gc w) for the Krylov kernels, which multiply by the same rows 3-14 times a
-    step; returns whether their next products may use :func:`_uncentred_gram_single`.
+    step; returns the rows and the centre for the next product (``rows, centre =
+    _krylov_gram(g, mean, w, out, True)`` for the first, then ``_krylov_gram(rows, centre,
+    w, out, False)``).
 
-    Float32 rows: with ``mean_within_spread`` (what the first product returned), that
-    kernel; else :func:`_centred_gram_single`, which also sums the centred entries' squares,
-    and the mean lies within the spread where ``n |m|^2`` is at most that sum (the mean's
-    norm at most the rows' root-mean-square distance from it), as for the minibatch
-    gradients near the posterior, whose mean is about their spread over sqrt(n). Float64
-    rows: :func:`_gram_uncentred_sums` (uncentred already). Three products with 500 x 100
-    rows near zero, in sequence, took 17.0 against 20.4 us, five 26.2 against 33.9 us (the
-    squares cost the first 0.7 us). Numba callers only: the overload below is the
-    implementation."""
+    Float32 rows: every product sums uncentred rows (:func:`_uncentred_gram_single`). The
+    first also sums the rows' squares ``S``. The centred entries' squares sum to
+    ``S - n |m|^2``, and where the mean lies within the spread, ``n |m|^2`` at most that sum
+    (the mean's norm at most the rows' root-mean-square distance from it), as for the
+    minibatch gradients near the posterior, whose mean is about their spread over sqrt(n),
+    the uncentred sums are as accurate as centred ones. Elsewhere the first product is
+    computed again from a centred copy of the rows (:func:`_centred_rows`, with a zero
+    centre), which the later products read. Float64 rows: :func:`_gram_uncentred_sums`
+    (uncentred always). Numba callers only: the overload below is the implementation.
+
+    One float32 product loop is compiled, with the squares as a runtime flag. The kernels
+    before 2026-12-06 centred every entry of the first product (:func:`_centred_gram_single`,
+    a second loop to compile, 7.5 against 5.8-6.3 us). On P1 with empty compile caches, NOGIN
+    drew its first draw in 19.0-20.2 instead of 20.0-21.2 s and mCCAdL in 23.0-23.2 instead
+    of 24.1-24.7 s. Three products near the posterior take 15.0-16.1 instead of 17.1-17.6 us
+    and five 24.2-25.8 instead of 26.6-27.0 us; with the mean 3 sds out, three take 24.9-25.1
+    instead of 22.7 us and five 34.3-34.6 instead of 37.3-37.9 us (the 2-core AMD EPYC host,
+    2026-12-06)."""
     raise NotImplementedError("_krylov_gram runs inside numba kernels only")
 
 
 @overload(_krylov_gram, jit_options={"cache": True})
-def _overload_krylov_gram(g, mean, w, out, mean_within_spread):
-    if g.dtype != types.float32:
+def _overload_krylov_gram(rows, centre, w, out, first):
+    if rows.dtype != types.float32:
 
-        def double(g, mean, w, out, mean_within_spread):
-            _gram_uncentred_sums(g, mean, w, out)
-            return False
+        def double(rows, centre, w, out, first):
+            _gram_uncentred_sums(rows, centre, w, out)
+            return rows, centre
 
         return double
 
-    def single(g, mean, w, out, mean_within_spread):
-        if mean_within_spread:
-            _uncentred_gram_single(g, mean, w, out)
-            return True
-        squares = _centred_gram_single(g, mean, w, out, True)
-        norm = _zero(g)
-        for j in range(mean.shape[0]):
-            mj = np.float32(mean[j])
+    def single(rows, centre, w, out, first):
+        if not first:
+            _uncentred_gram_single(rows, centre, w, out, False)
+            return rows, centre
+        squares = _uncentred_gram_single(rows, centre, w, out, True)
+        norm = _zero(rows)
+        for j in range(centre.shape[0]):
+            mj = np.float32(centre[j])
             norm += mj * mj
-        return g.shape[0] * norm <= squares
+        if 2 * rows.shape[0] * norm <= squares:
+            return rows, centre
+        centred, zero = _centred_rows(rows, centre), np.zeros_like(centre)
+        _uncentred_gram_single(centred, zero, w, out, False)
+        return centred, zero
 
     return single
 
@@ -324,6 +359,7 @@ _CACHE_SALT = int(
                     _gram_uncentred_sums,
                     _centred_gram_single,
                     _uncentred_gram_single,
+                    _centred_rows,
                     _overload_krylov_gram,
                     _numba_centred_gram,
                 )

@@ -61,8 +61,8 @@ EXPM_TOLERANCE = {"half": 2.0**-11, "single": 2.0**-24, "double": 2.0**-53}
 #: The Lanczos tolerances, and the smallest conjugate-gradient tolerance, at which the
 #: low-rank kernels of a float64 model read the per-observation gradients G as float32
 #: (``model_layer.Covariance.low_rank_parts``), and numba's product kernels sum them in
-#: float32, each entry centred first (``gram_product._centred_gram_single``) unless the
-#: rows' mean lies within their spread (``gram_product._krylov_gram``).
+#: float32, uncentred where the rows' mean lies within their spread, else from a centred
+#: copy of the rows (``gram_product._krylov_gram``).
 #: Rounding G moves each centred entry by at most 2^-24 (abs(Gc_ij) + abs(m_j)). Near the
 #: posterior the mean m is small against the spread of the rows, so that is about 1e-7 of
 #: Sigma, and the float32 sums bring the products' error to about 3e-7: a third of the
@@ -463,15 +463,15 @@ def _overload_map_out(columns, gain, shift, x, gram, out):
 
 
 @numba.njit(cache=True)
-def _apply_low_rank(g, mean, columns, gain, shift, x, scaled, gram, out, mean_within_spread):
+def _apply_low_rank(rows, centre, columns, gain, shift, x, scaled, gram, out, first):
     """out = gain M^T (Gc^T Gc (M x)) + d x, with M = diag(s) or a dense preconditioner's
     map (``scaled`` and ``gram`` are work space): the operator of both kernels, as
-    :func:`low_rank_matvec` writes it as a graph. Returns whether the rows' mean lies within
-    their spread, for the next product (``gram_product._krylov_gram``; false to start)."""
+    :func:`low_rank_matvec` writes it as a graph. Returns the rows and centre for the next
+    product (``gram_product._krylov_gram``: G and m to start, with ``first`` true)."""
     _map_in(columns, x, scaled)
-    mean_within_spread = _krylov_gram(g, mean, scaled, gram, mean_within_spread)
+    rows, centre = _krylov_gram(rows, centre, scaled, gram, first)
     _map_out(columns, gain, shift, x, gram, out)
-    return mean_within_spread
+    return rows, centre
 
 
 @numba.njit(cache=True)
@@ -497,10 +497,10 @@ def _lanczos_expm(g, mean, columns, gain, shift, t, v, u, max_products):
     for j in range(dim):
         q[j] = v[j] / max(norm_v, tiny)
     beta_prev, log_bound, gamma, count, stop = 0.0, 0.0, -np.inf, 0, False
-    mean_within_spread = False
+    rows, centre = g, mean
     while count < max_products and not stop:
-        mean_within_spread = _apply_low_rank(
-            g, mean, columns, gain, shift, q, scaled, gram, w, mean_within_spread
+        rows, centre = _apply_low_rank(
+            rows, centre, columns, gain, shift, q, scaled, gram, w, count == 0
         )
         alpha = 0.0
         for j in range(dim):
@@ -571,10 +571,10 @@ def _shifted_cg(g, mean, columns, gain, diagonal, v, tolerance, iterations):
         r[j] = d[j] = v[j]
         rr += v[j] * v[j]
     stop = tolerance**2 * rr
-    mean_within_spread = False
-    for _ in range(iterations):
-        mean_within_spread = _apply_low_rank(
-            g, mean, columns, gain, diagonal, d, scaled, gram, ad, mean_within_spread
+    rows, centre = g, mean
+    for iteration in range(iterations):
+        rows, centre = _apply_low_rank(
+            rows, centre, columns, gain, diagonal, d, scaled, gram, ad, iteration == 0
         )
         curvature = 0.0
         for j in range(dim):

@@ -73,36 +73,38 @@ def test_float32_rows_of_a_float64_model_lose_no_more_than_their_own_rounding(se
 
 @numba.njit
 def krylov_products(g, mean, vectors):
-    """A Krylov kernel's products with the same rows: each returns whether the next may skip
-    the centring of each entry."""
+    """A Krylov kernel's products with the same rows, and whether each read the rows
+    themselves (uncentred) rather than a centred copy."""
     out = np.empty(vectors.shape)
-    skipped = np.empty(vectors.shape[0], np.bool_)
-    within = False
+    uncentred = np.empty(vectors.shape[0], np.bool_)
+    rows, centre = g, mean
     for k in range(vectors.shape[0]):
-        skipped[k] = within
-        within = _krylov_gram(g, mean, vectors[k], out[k], within)
-    return out, skipped
+        rows, centre = _krylov_gram(rows, centre, vectors[k], out[k], k == 0)
+        uncentred[k] = rows.shape == g.shape and np.all(rows == g) and np.all(centre == mean)
+    return out, uncentred
 
 
 @pytest.mark.parametrize(
     ("shift", "uncentred"), [(0.0, True), (0.5, True), (3.0, False), (100.0, False)]
 )
-def test_krylov_products_skip_the_centring_only_where_the_mean_is_within_the_spread(
+def test_krylov_products_sum_uncentred_rows_only_where_the_mean_is_within_the_spread(
     shift, uncentred
 ):
     # Rows of unit spread per coordinate whose mean lies about `shift` sds out in each. The
-    # first product centres every entry and measures the spread; the later ones sum the rows
-    # uncentred where the mean's norm is within the rows' root-mean-square distance from it
-    # (shifts 0 and 0.5), and must then lose no more than the centred sums' bound of the
-    # test above (they use 0.11-0.27 of it); at 3 and 100 sds they keep centring, and so
-    # meet it too. (Uncentred, the first product would use 3.4 and 294 times the bound.)
+    # first product sums the rows uncentred and their squares, from which the spread
+    # follows; where the mean's norm is within the rows' root-mean-square distance from it
+    # (shifts 0 and 0.5) every product sums the rows uncentred, and must then lose no more
+    # than the centred sums' bound of the test above (they use 0.11-0.27 of it); at 3 and
+    # 100 sds the first product is computed again, and the later ones read, from a centred
+    # copy, and meet it too (0.10-0.52 of it). Uncentred, the products there would use up to
+    # 3.4 and 813 times the bound.
     rng = np.random.default_rng(3)
     rows = rng.standard_normal((64, 24)) + shift * rng.standard_normal(24)
     vectors = rng.standard_normal((3, 24))
     mean = rows.mean(0)
     rounded = rows.astype("float32")
-    products, skipped = krylov_products(rounded, mean, vectors)
-    assert list(skipped) == [False, uncentred, uncentred]
+    products, read_uncentred = krylov_products(rounded, mean, vectors)
+    assert list(read_uncentred) == [uncentred] * 3
     for product, vector in zip(products, vectors, strict=True):
         exact = (rows - mean).T @ ((rows - mean) @ vector)
         floor = (rounded - mean).T @ ((rounded - mean) @ vector) - exact
@@ -114,8 +116,8 @@ def test_krylov_products_of_float64_rows_are_the_uncentred_float64_sums():
     rng = np.random.default_rng(4)
     rows, vectors = rng.standard_normal((33, 10)) + 3.0, rng.standard_normal((2, 10))
     mean = rows.mean(0)
-    products, skipped = krylov_products(rows, mean, vectors)
-    assert not skipped.any()
+    products, read_uncentred = krylov_products(rows, mean, vectors)
+    assert read_uncentred.all()
     expected = ((rows - mean) @ vectors.T).T @ (rows - mean)
     np.testing.assert_allclose(products, expected, rtol=1e-12)
 

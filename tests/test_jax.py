@@ -35,7 +35,7 @@ SAMPLE_KWARGS = dict(chains=1, progressbar=False, compute_convergence_checks=Fal
 TOLERANCE = 1e-10
 #: The samplers whose low-rank covariance products read the per-observation gradients
 #: rounded to float32 at their defaults (``krylov.SINGLE_PRECISION_ROWS``; mSGLD's always):
-#: the default backend's kernel sums them in float32 (``gram_product._centred_gram_single``),
+#: the default backend's kernels sum them in float32 (``gram_product``),
 #: JAX's graph in float64, so each product differs by about 3e-7 relative and the draws by
 #: up to 4.6e-8 (2026-12-02; the draws' sds are 0.03-0.5). The tolerance is 20 times that;
 #: an error in the JAX path's algorithm moves the draws by a fraction of an sd.

@@ -189,15 +189,15 @@ def test_float64_kernels_read_float32_rows_only_at_loose_tolerances():
         assert fn.maker.fgraph.outputs[0].type.dtype == "float64"
 
 
-# Rows 2 sds from zero in every coordinate: numba's products centre every entry; at zero,
-# after the first, they sum the rows uncentred (gram_product._krylov_gram).
+# Rows 2 sds from zero in every coordinate: numba's products read a centred copy of the rows;
+# at zero, the rows themselves, uncentred (gram_product._krylov_gram).
 @pytest.mark.parametrize("offset", [2.0, 0.0])
 @pytest.mark.parametrize("mode", [FUSED, PERFORM], ids=["numba", "perform"])
 def test_float32_rows_are_summed_in_single_precision(mode, offset):
     # Rows given as float32 to a float64 kernel: the float64 kernel on those rows widened
     # (the widening is exact), up to the products' float32 sums (0.06 and 0.15 float32
-    # rounding units of ||v|| here at offset 2, 0.11 and 0.16 at 0, and residuals of the
-    # solve 1.3e-7 and 1.1e-7; AGREEMENT allows 4); the same number of Lanczos
+    # rounding units of ||v|| here at offset 2, 0.11 and 0.06 at 0, and residuals of the
+    # solve 1.3e-7 and 6.4e-8; AGREEMENT allows 4); the same number of Lanczos
     # products; and still within the Lanczos bound of exp(t Sigma) v for the unrounded
     # Sigma, and within the CG tolerance plus the rows' rounding of the solve.
     rng = np.random.default_rng(5)
