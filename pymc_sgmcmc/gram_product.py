@@ -146,9 +146,11 @@ def _gram_uncentred_sums(g, mean, w, out, squares=False):
     rather than through row views (see ``gather_dot._row``). Returns the sum of the rows'
     squared entries where ``squares`` is true, else 0: LLVM takes the test out of the loop,
     so that one compiled loop serves both (without the squares, 4.6 us at 500 x 100 float32
-    rows, as without the flag; with them 5.5 us). The sums are uncentred, in the type of
-    ``out``: in float64 that loses about ``log10(m^2 / var)`` of 16 digits, and centring
-    each entry first (as :func:`_centred_gram_single` does) took 15 % longer."""
+    rows, as without the flag; with them 5.5 us), where the flag comes as a runtime bool (a
+    constant True or False at the call is a literal type to numba, each compiled apart).
+    The sums are uncentred, in the type of ``out``: in float64 that loses about
+    ``log10(m^2 / var)`` of 16 digits, and centring each entry first (as
+    :func:`_centred_gram_single` does) took 15 % longer."""
     n, d = g.shape[0], _opaque(g.shape[1])  # the length opaque: see gather_dot._opaque
     c = _zero(out)
     for j in range(d):
@@ -240,8 +242,9 @@ def _centred_gram_single(g, mean, w, out):
 def _uncentred_gram_single(g, mean, w, out, squares):
     """out = Gc^T (Gc w) for float32 rows, the uncentred sums of :func:`_gram_uncentred_sums`
     in float32 with ``m`` and ``w`` rounded to float32; returns the sum of the rows' squared
-    entries where ``squares`` is true. ``squares`` has no default: an omitted argument is a
-    type of its own to numba, and would compile the loop a second time. Uncentred sums round
+    entries where ``squares`` is true. ``squares`` has no default, and callers pass a runtime
+    bool: an omitted argument, like a constant True or False, is a type of its own to numba,
+    and would compile the loop a second time. Uncentred sums round
     relative to ``|g_i|^2`` rather than to the centred entries' squares, a factor of about
     ``1 + |m|^2 / var``: at most about 2 with the mean within the spread, where
     :func:`_krylov_gram` uses it on the rows themselves. It skips the subtraction per entry
@@ -280,8 +283,10 @@ def _centred_rows(g, mean):
 def _krylov_gram(rows, centre, w, out, first: bool):
     """out = Gc^T (Gc w) for the Krylov kernels, which multiply by the same rows 3-14 times a
     step; returns the rows and the centre for the next product (``rows, centre =
-    _krylov_gram(g, mean, w, out, True)`` for the first, then ``_krylov_gram(rows, centre,
-    w, out, False)``).
+    _krylov_gram(g, mean, w, out, first)`` with ``first`` true for the first product and
+    false for the later ones, from ``rows`` and ``centre``: a runtime bool, such as
+    ``count == 0``, since a constant is a literal type to numba, which compiles the product
+    loop again for each).
 
     Float32 rows: every product sums uncentred rows (:func:`_uncentred_gram_single`). The
     first also sums the rows' squares ``S``. The centred entries' squares sum to
@@ -295,12 +300,15 @@ def _krylov_gram(rows, centre, w, out, first: bool):
 
     One float32 product loop is compiled, with the squares as a runtime flag. The kernels
     before 2026-12-06 centred every entry of the first product (:func:`_centred_gram_single`,
-    a second loop to compile, 7.5 against 5.8-6.3 us). On P1 with empty compile caches, NOGIN
-    drew its first draw in 19.0-20.2 instead of 20.0-21.2 s and mCCAdL in 23.0-23.2 instead
-    of 24.1-24.7 s. Three products near the posterior take 15.0-16.1 instead of 17.1-17.6 us
-    and five 24.2-25.8 instead of 26.6-27.0 us; with the mean 3 sds out, three take 24.9-25.1
-    instead of 22.7 us and five 34.3-34.6 instead of 37.3-37.9 us (the 2-core AMD EPYC host,
-    2026-12-06)."""
+    a second loop to compile, 7.5 against 5.8-6.3 us). Three products near the posterior take
+    15.0-16.1 instead of 17.1-17.6 us and five 24.2-25.8 instead of 26.6-27.0 us; with the
+    mean 3 sds out, three take 24.9-25.1 instead of 22.7 us and five 34.3-34.6 instead of
+    37.3-37.9 us. Until 05:00 UTC that day the kernels passed the flag as a constant True or
+    False, two literal types to numba, which compiled the loop once for each; passed at run
+    time, numba's compilation of the product kernels in mCCAdL's first draw on P1 with empty
+    compile caches took 1.6 instead of 2.6 s, and the first draw 20.5 instead of 22.2 s for
+    NOGIN and 25.7 instead of 27.0 s for mCCAdL (means of four alternated pairs, the change
+    faster in 4 and 3 of them; the 2-core AMD EPYC host, 2026-12-06)."""
     raise NotImplementedError("_krylov_gram runs inside numba kernels only")
 
 
@@ -315,10 +323,11 @@ def _overload_krylov_gram(rows, centre, w, out, first):
         return double
 
     def single(rows, centre, w, out, first):
+        # Every call passes the flag as a runtime bool: a constant True or False is a literal
+        # type to numba, each compiling the product loop again.
+        squares = _uncentred_gram_single(rows, centre, w, out, first)
         if not first:
-            _uncentred_gram_single(rows, centre, w, out, False)
             return rows, centre
-        squares = _uncentred_gram_single(rows, centre, w, out, True)
         norm = _zero(rows)
         for j in range(centre.shape[0]):
             mj = np.float32(centre[j])
@@ -326,7 +335,7 @@ def _overload_krylov_gram(rows, centre, w, out, first):
         if 2 * rows.shape[0] * norm <= squares:
             return rows, centre
         centred, zero = _centred_rows(rows, centre), np.zeros_like(centre)
-        _uncentred_gram_single(centred, zero, w, out, False)
+        _uncentred_gram_single(centred, zero, w, out, not first)
         return centred, zero
 
     return single

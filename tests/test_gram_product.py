@@ -1,5 +1,9 @@
 """The fused product Gc^T Gc w of the noise covariance's low-rank path, and where it runs."""
 
+import os
+import subprocess
+import sys
+
 import numba
 import numpy as np
 import pytensor
@@ -110,6 +114,45 @@ def test_krylov_products_sum_uncentred_rows_only_where_the_mean_is_within_the_sp
         floor = (rounded - mean).T @ ((rounded - mean) @ vector) - exact
         bound = 1.5 * np.linalg.norm(floor) + 8 * np.finfo("float32").eps * np.linalg.norm(exact)
         assert np.linalg.norm(product - exact) <= bound
+
+
+#: Runs in a process with an empty numba cache: a kernel loaded from the cache types none of
+#: its callees, whose signatures then stay empty.
+LITERAL_SIGNATURES = """
+import numba, numpy as np
+from numba.core import types
+from pymc_sgmcmc.gram_product import _gram_uncentred_sums, _krylov_gram, _uncentred_gram_single
+
+@numba.njit
+def products(g, mean, vectors):
+    out = np.empty(vectors.shape)
+    rows, centre = g, mean
+    for k in range(vectors.shape[0]):
+        rows, centre = _krylov_gram(rows, centre, vectors[k], out[k], k == 0)
+    return out
+
+rng = np.random.default_rng(5)
+for shift in (0.0, 100.0):  # the rows themselves, then a centred copy
+    rows = (rng.standard_normal((16, 6)) + shift).astype("float32")
+    products(rows, rows.astype("float64").mean(0), rng.standard_normal((3, 6)))
+for kernel in (_uncentred_gram_single, _gram_uncentred_sums):
+    assert kernel.signatures, kernel
+    for signature in kernel.signatures:
+        print(sum(isinstance(a, types.Literal) for a in signature))
+"""
+
+
+def test_krylov_products_compile_their_loop_once_whatever_the_flag(tmp_path):
+    # The first product sums the rows' squares and the later ones do not, through one
+    # runtime flag. Passed as a constant True or False, the flag is a literal type to numba,
+    # which then compiled the product loop once for each value (until 2026-12-06: about 1 s
+    # of numba in mCCAdL's and NOGIN's first draw with empty caches).
+    env = dict(os.environ, NUMBA_CACHE_DIR=str(tmp_path))
+    run = subprocess.run(
+        [sys.executable, "-c", LITERAL_SIGNATURES], env=env, capture_output=True, text=True
+    )
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.split() == ["0", "0"]  # one signature each, no literal argument
 
 
 def test_krylov_products_of_float64_rows_are_the_uncentred_float64_sums():
