@@ -388,11 +388,13 @@ def test_ctrl_c_while_a_block_runs_returns_the_draws_so_far():
     # As with PyMC's own samplers, pm.sample catches the KeyboardInterrupt and returns the
     # draws made so far. numba hands a Ctrl-C that arrives while a block runs back as a
     # SystemError ("returned a result with an exception set"), which pm.sample would let
-    # through, losing the run. thin = 20000 (block_steps = 1000): a block per draw, so the
-    # interrupt, sent 0.1 s after the 4th draw, lands in a block (about 0.1-0.3 s each).
-    # In some full runs of the suite the interrupt took no effect (stops 81 and 86; cause not
-    # found): the handler below, Python's default one but for a record of where it ran,
-    # makes the failure say whether Python ran it and where.
+    # through, losing the run. thin = 20000 (block_steps = 1000): a block per draw (about
+    # 17 ms on the AMD host of 2026-12-06), so the interrupt, sent 0.1 s after the 4th draw,
+    # lands in a block, which Python reports in numba's boxing of its outputs, or in the
+    # Python between two blocks (4 and 4 times in 8 runs). In some full runs of the suite the
+    # interrupt took no effect (stops 81 and 86; cause not found): the handler below,
+    # Python's default one but for a record of where it ran, makes the failure say whether
+    # Python ran it and where.
     import os
     import signal
     import threading
