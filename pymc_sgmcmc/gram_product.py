@@ -244,15 +244,15 @@ def _uncentred_gram_single(g, mean, w, out, squares):
     in float32 with ``m`` and ``w`` rounded to float32; returns the sum of the rows' squared
     entries where ``squares`` is true. ``squares`` has no default, and callers pass a runtime
     bool: an omitted argument, like a constant True or False, is a type of its own to numba,
-    and would compile the loop a second time. Uncentred sums round
-    relative to ``|g_i|^2`` rather than to the centred entries' squares, a factor of about
-    ``1 + |m|^2 / var``: at most about 2 with the mean within the spread, where
-    :func:`_krylov_gram` uses it on the rows themselves. It skips the subtraction per entry
-    of :func:`_centred_gram_single`: 4.6 against 6.6 us with 500 x 100 rows, 5.5 us with the
-    squares; the error against the float64 product of the rows before rounding 3.6e-7 and
-    6.6e-7 against 3.0e-7 and 3.1e-7 with the rows' mean at zero and at one sd per
-    coordinate, and where it is not used on them 1.0e-4 and 3.2e-3 against 3.5e-7 and 2.8e-7
-    at 10 and 100 sds (the 2-core AMD EPYC host, 2026-12-06)."""
+    and would compile the loop a second time. Uncentred sums round relative to ``|g_i|^2``
+    rather than to the centred entries' squares, a factor of about ``1 + |m|^2 / var``: at
+    most about 2 with the mean within the spread, where :func:`_krylov_gram` uses it on the
+    rows themselves. It skips the subtraction per entry of :func:`_centred_gram_single`: 4.6
+    against 6.6 us with 500 x 100 rows, 5.5 us with the squares; the error against the
+    float64 product of the rows before rounding 3.6e-7 and 6.6e-7 against 3.0e-7 and 3.1e-7
+    with the rows' mean at zero and at one sd per coordinate, and where it is not used on
+    them 1.0e-4 and 3.2e-3 against 3.5e-7 and 2.8e-7 at 10 and 100 sds (the 2-core AMD EPYC
+    host, 2026-12-06)."""
     d = w.shape[0]
     w32, m32, total = np.empty(d, g.dtype), np.empty(d, g.dtype), np.empty(d, g.dtype)
     for j in range(d):
