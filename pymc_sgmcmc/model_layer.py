@@ -32,10 +32,11 @@ import pymc as pm
 import pytensor
 import pytensor.tensor as pt
 from pymc.data import MinibatchOp
+from pymc.distributions.distribution import SymbolicRandomVariable
 from pymc.distributions.timeseries import RandomWalkRV
 from pymc.distributions.truncated import Truncated, TruncatedRV
 from pymc.logprob.basic import transformed_conditional_logp
-from pymc.logprob.utils import replace_rvs_by_values
+from pymc.logprob.utils import CheckParameterValue, replace_rvs_by_values
 from pymc.pytensorf import join_nonshared_inputs
 from pymc.variational.minibatch_rv import MinibatchRandomVariable
 from pytensor.compile.builders import SymbolicOp
@@ -44,13 +45,16 @@ from pytensor.compile.sharedvalue import SharedVariable
 from pytensor.gradient import NullTypeGradError
 from pytensor.graph.basic import Apply, Constant, Variable
 from pytensor.graph.replace import clone_replace, vectorize_graph
-from pytensor.graph.traversal import ancestors, toposort
+from pytensor.graph.traversal import ancestors, graph_inputs, toposort
 from pytensor.graph.utils import MethodNotDefined
 from pytensor.scalar import Abs, Exp, Mul, Softplus, Sqr, Sqrt, upcast
 from pytensor.tensor.elemwise import DimShuffle, Elemwise
 from pytensor.tensor.exceptions import NotScalarConstantError
+from pytensor.tensor.math import variadic_add
 from pytensor.tensor.random.basic import NormalRV
+from pytensor.tensor.random.op import RandomVariable
 from pytensor.tensor.subtensor import AdvancedSubtensor, Subtensor
+from pytensor.tensor.type import float_dtypes
 from pytensor.tensor.type_other import NoneTypeT
 
 from pymc_sgmcmc.gram_product import CentredGramProduct
@@ -63,7 +67,7 @@ from pymc_sgmcmc.krylov import (
     reads_single_precision_rows,
 )
 from pymc_sgmcmc.numba_compile import deterministic_fastmath
-from pymc_sgmcmc.python_mode import one_off_mode
+from pymc_sgmcmc.python_mode import ONE_OFF_MODE, one_off_mode
 from pymc_sgmcmc.rewrite_cache import caching_rewrites
 
 __all__ = [
@@ -508,6 +512,119 @@ def _rebuild_rv(op, inputs: Sequence[Variable]) -> list[Variable]:
     return value.owner.outputs
 
 
+class SharedParameters(NamedTuple):
+    """The model's random variables and potentials with the priors' numbers held in shared
+    variables (:func:`share_parameters`)."""
+
+    #: Each free and observed random variable and potential of the model -> its copy.
+    copies: dict[Variable, Variable]
+    rvs_to_values: dict[Variable, Variable]
+    rvs_to_transforms: dict[Variable, object]
+    #: The shared variables, in the order of the graph.
+    parameters: list[SharedVariable]
+
+
+def _constant_value(var: Variable) -> np.ndarray | None:
+    """The value of ``var`` if it is a constant, or the ``DimShuffle`` s (PyMC's ``ExpandDims``
+    of a parameter to the variable's size) of one; else None."""
+    if isinstance(var, Constant):
+        return np.asarray(var.data)
+    node = var.owner
+    if node is None or not isinstance(node.op, DimShuffle):
+        return None
+    value = _constant_value(node.inputs[0])
+    if value is None:
+        return None
+    out = [[None]]
+    node.op.perform(node, [value], out)
+    return np.asarray(out[0][0])
+
+
+def _distribution_parameters(node: Apply) -> list[Variable]:
+    """The parameter inputs of a random variable's node (not its generator or size)."""
+    op = node.op
+    if isinstance(op, RandomVariable):
+        return list(op.dist_params(node))
+    if isinstance(op, SymbolicRandomVariable) and op.extended_signature is not None:
+        (_, _, params), _ = op.get_input_output_type_idxs(op.extended_signature)
+        return [node.inputs[i] for i in params]
+    return []
+
+
+def share_parameters(model: pm.Model) -> SharedParameters:
+    """Copies of the model's terms in which the floating-point numbers given as the priors'
+    parameters (``pm.Normal("w", 0.0, 10.0)``'s two, an array of prior scales) are shared
+    variables holding the same values, of the same types.
+
+    The compiled blocks then read these numbers as inputs instead of compiling them in: a
+    model that differs only in them (a prior's scale changed between two runs) has the same
+    graphs, so PyTensor's rewritten-graph cache (:mod:`pymc_sgmcmc.rewrite_cache`) and
+    numba's cache serve it the blocks compiled for the first. Such a change recompiled every
+    block (P1, step construction to the first draw with warm caches: SGLD 5.8-6.1 s, mCCAdL
+    8.9-9.1 s, against 2.2-2.6 s now). The values and types are the model's, so the graphs
+    compute what PyMC's do; the compiled step computes from them what a constant's folding
+    did once (a ``log(sigma)``), a few scalar operations per step. PyTensor types a number
+    by its value (``0.5`` float32, which holds it exactly, ``0.3`` float64), and a number of
+    another type is another graph.
+
+    The likelihood's numbers stay constants: the step computes with them once per minibatch
+    row, where folding them matters (shared, P1's ``sigma=1.0`` made mCCAdL's and NOGIN's
+    steps 7-8 % slower, five alternated pairs). So do integers (``pm.Normal("w", 0, 10)``):
+    PyTensor computes with an integer in its own type, int8 for 20, and ``sigma=20`` held in a
+    shared int8 made a likelihood's per-row gradients differ from the batch's (by 24 on a test
+    model). And so do numbers inside an expression (a ``2.0 * x``) and the log-densities' own
+    constants, whose values the rewrites use (``x ** 2`` -> ``sqr(x)``).
+    """
+    terms = [*model.free_RVs, *model.observed_RVs, *model.potentials]
+    shared: dict[Variable, SharedVariable] = {}
+    for node in toposort(model.free_RVs):
+        for var in _distribution_parameters(node):
+            is_float = isinstance(var.type, pt.TensorType) and var.type.dtype in float_dtypes
+            value = _constant_value(var) if is_float and var not in shared else None
+            if value is not None:
+                # The parameter as the node reads it, its ExpandDims applied: the copies then
+                # have the shapes PyMC's folding of the constant gave.
+                shared[var] = pytensor.shared(value, name="parameter", shape=var.type.shape)
+    copies = dict(zip(terms, _rebuild(terms, shared) if shared else terms, strict=True))
+    return SharedParameters(
+        copies=copies,
+        rvs_to_values={copies[rv]: value for rv, value in model.rvs_to_values.items()},
+        rvs_to_transforms={copies[rv]: t for rv, t in model.rvs_to_transforms.items()},
+        parameters=list(shared.values()),
+    )
+
+
+def without_passed_checks(
+    outputs: Sequence[Variable], parameters: Sequence[SharedVariable]
+) -> list[Variable]:
+    """``outputs`` without the parameter checks (``sigma > 0``) that read only the shared
+    ``parameters`` and hold for their values.
+
+    With the parameters as constants, PyTensor's constant folding removed these checks when
+    it compiled a function; with shared variables it cannot, and each block compiled and ran
+    the comparisons (nine more ops for a normal prior and likelihood). A check that fails
+    stays, as it stayed before: the log-density is -inf."""
+    held = {*parameters}
+    checks = [
+        node
+        for node in toposort(outputs)
+        if isinstance(node.op, CheckParameterValue)
+        and all(isinstance(i, Constant) or i in held for i in graph_inputs(node.inputs[1:]))
+    ]
+    if not checks:
+        return list(outputs)
+    conditions = [node.inputs[1:] for node in checks]
+    values = pytensor.function(
+        [], [c for condition in conditions for c in condition], mode=ONE_OFF_MODE
+    )()
+    replace, k = {}, 0
+    for node, condition in zip(checks, conditions, strict=True):
+        if all(np.all(v) for v in values[k : k + len(condition)]):
+            replace[node.outputs[0]] = node.inputs[0]
+        k += len(condition)
+    return clone_replace(list(outputs), replace) if replace else list(outputs)
+
+
 #: Minibatches pooled to estimate the gradient noise's largest eigenvalue (see
 #: :meth:`SGModel.gradient_noise`).
 NOISE_BATCHES = 16
@@ -579,6 +696,7 @@ class SGModel:
         #: model built under ``floatX="float32"``): the log-density graphs derived here, and
         #: the samplers' state, noise and arithmetic, use it too.
         self.dtype = upcast(*(v.type.dtype for v in self.value_vars))
+        self.shared_parameters = share_parameters(model)
         with pytensor.config.change_flags(floatX=self.dtype):
             self._build_graphs()
 
@@ -644,9 +762,12 @@ class SGModel:
             return []
         # Free variables become their (back-transformed) value variables first, so that the
         # clone below copies only the likelihood part of the graph.
-        free = {rv: model.rvs_to_values[rv] for rv in model.free_RVs}
+        shared = self.shared_parameters
+        free = {shared.copies[rv]: model.rvs_to_values[rv] for rv in model.free_RVs}
         in_values = replace_rvs_by_values(
-            observed, rvs_to_values=free, rvs_to_transforms=model.rvs_to_transforms
+            [shared.copies[obs] for obs in observed],
+            rvs_to_values=free,
+            rvs_to_transforms=shared.rvs_to_transforms,
         )
         values = [model.rvs_to_values[obs] for obs in observed]
         replace = self._slice_replacements(rows, [*in_values, *values])
@@ -683,11 +804,29 @@ class SGModel:
             rows.append(term.sum(axis=tuple(range(1, term.type.ndim))))
         return rows
 
+    def _fixed_logp(self) -> Variable:
+        """The log-density of the terms read in full at every step (priors, observations
+        without ``pm.Minibatch``, potentials), summed in their order as ``model.logp`` does,
+        from the copies with shared parameters (:func:`share_parameters`)."""
+        shared = self.shared_parameters
+        potentials = set(self.model.potentials)
+        rvs = [shared.copies[t] for t in self._fixed_terms if t not in potentials]
+        mappings = {
+            "rvs_to_values": shared.rvs_to_values,
+            "rvs_to_transforms": shared.rvs_to_transforms,
+        }
+        terms = transformed_conditional_logp(rvs=rvs, **mappings) if rvs else []
+        terms += replace_rvs_by_values(
+            [shared.copies[t] for t in self._fixed_terms if t in potentials], **mappings
+        )
+        sums = [pt.as_tensor(term, allow_xtensor_conversion=True).sum() for term in terms]
+        return variadic_add(*sums) if sums else pt.constant(0.0)
+
     def _build_graphs(self) -> None:
         model = self.model
         point = model.initial_point()
         point = {v.name: point[v.name] for v in self.value_vars}
-        fixed = model.logp(vars=self._fixed_terms) if self._fixed_terms else pt.constant(0.0)
+        fixed = self._fixed_logp()
         batch_rows = self._row_terms(lambda k, j, data: data[self.indices[k]])
         batch = pt.sum([r.sum() for r in batch_rows]) if batch_rows else pt.constant(0.0)
 
@@ -703,6 +842,7 @@ class SGModel:
         row_lp = pt.sum([r.sum() for r in row_terms]) if row_terms else None
 
         outputs = [fixed, batch] + ([row_lp] if row_lp is not None else [])
+        outputs = without_passed_checks(outputs, self.shared_parameters.parameters)
         joined, theta = join_nonshared_inputs(point, outputs, self.value_vars)
         theta.name = "theta"
         self.theta = theta

@@ -657,8 +657,9 @@ from numba.core import event
 from pymc_sgmcmc import SGLD
 x = np.random.default_rng(0).normal(size=200)
 with pm.Model():
-    mu = pm.Normal("mu", 0.0, float(sys.argv[1]))
-    pm.Normal("x", mu, 1.0, observed=pm.Minibatch(x, batch_size=20), total_size=200)
+    mu = pm.Normal("mu", 0.0, 1.0)
+    scale = float(sys.argv[1])
+    pm.Normal("x", scale * mu, 1.0, observed=pm.Minibatch(x, batch_size=20), total_size=200)
     with event.install_recorder("numba:compile") as recorder:
         idata = pm.sample(
             draws=5, tune=0, chains=1, step=SGLD(step_size=1e-3), random_seed=1,
@@ -679,13 +680,13 @@ def _env_with_compiledir(compiledir, **extra: str) -> dict[str, str]:
     return {**os.environ, "PYTENSOR_FLAGS": flags, **extra}
 
 
-def _compile_run(compiledir, prior_sd: float) -> dict:
+def _compile_run(compiledir, scale: float) -> dict:
     import json
     import subprocess
     import sys
 
     out = subprocess.run(
-        [sys.executable, "-c", _COMPILE_RUN, str(prior_sd)],
+        [sys.executable, "-c", _COMPILE_RUN, str(scale)],
         env=_env_with_compiledir(compiledir),
         capture_output=True,
         text=True,
@@ -697,9 +698,11 @@ def _compile_run(compiledir, prior_sd: float) -> dict:
 def test_compiled_blocks_are_cached_across_processes_and_reused_by_a_changed_model(tmp_path):
     # lean_cache_wrappers caches the block's outermost graph without PyTensor's wrapper (under
     # a file name that does not change between processes) and keeps the leaf ops' wrappers.
-    first = _compile_run(tmp_path, 1.0)
-    again = _compile_run(tmp_path, 1.0)
-    changed = _compile_run(tmp_path, 2.5)  # another prior scale: a new block graph
+    first = _compile_run(tmp_path, 2.0)
+    again = _compile_run(tmp_path, 2.0)
+    # Another number in an expression: a new block graph. (A distribution's parameter would
+    # not be: it is an input of the graphs, ``test_rewrite_cache.py``.)
+    changed = _compile_run(tmp_path, 3.0)
     assert again["compiled"] == 0  # loaded whole from the cache, nothing compiled
     assert again["draws"] == first["draws"]
     # Only the graphs holding the changed constant compile again; the leaf ops are reused.

@@ -6,6 +6,7 @@ import pytensor
 import pytensor.tensor as pt
 import pytest
 from models import GaussianRegression
+from pymc.logprob.utils import CheckParameterValue
 from python_backend import python_function
 
 from pymc_sgmcmc import SGNHT
@@ -1007,3 +1008,61 @@ def test_a_log_density_undefined_on_every_batch_is_not_blamed_on_rows():
     ):
         sg.undefined_rows(sg.initial_theta)
     assert len(sg.undefined_rows(np.array([1.0, 0.0]))) == 0
+
+
+def _shared_values(sg: SGModel) -> list:
+    return sorted(np.asarray(p.get_value()).tolist() for p in sg.shared_parameters.parameters)
+
+
+def test_the_distributions_numbers_are_inputs_of_the_graphs_not_constants():
+    # Floating-point numbers given as a prior's parameters (b's 0.0 and 2.5, typed float32 by
+    # PyTensor) become shared variables of the same types, so that a model differing only in
+    # them has the same graphs; integers (w's prior), the likelihoods' numbers (0.5, a count)
+    # and a number inside an expression stay constants.
+    rng = np.random.default_rng(0)
+    X, y = rng.standard_normal((200, 2)), rng.standard_normal(200)
+    k = rng.binomial(7, 0.3, size=200)
+    with pm.Model() as model:
+        Xb, yb = pm.Minibatch(X, y, batch_size=20)
+        w = pm.Normal("w", 0, 10, shape=2)
+        pm.Normal("y", Xb @ w, 0.5, observed=yb, total_size=200)
+        b = pm.Normal("b", 0.0, 2.5)
+        pm.Binomial("k", n=7, p=0.3 * pm.math.sigmoid(b), observed=k)
+        sg = SGModel(model, model.value_vars)
+    parameters = sg.shared_parameters.parameters
+    assert [(p.get_value().tolist(), p.type.dtype) for p in parameters] == [
+        (0.0, "float32"),
+        (2.5, "float32"),
+    ]
+    graph = [sg.force, sg.logp, sg.per_observation_gradients]
+    scalars = [
+        c.data.item()
+        for c in pytensor.graph.traversal.ancestors(graph)
+        if isinstance(c, pt.TensorConstant) and c.data.size == 1
+    ]
+    assert 2.5 not in scalars
+    assert all(number in scalars for number in (10, 0.5, 7, 0.3))
+    # The values are the model's: w's force from w ~ N(0, 10^2) and y ~ N(X w, 0.5^2).
+    fn = python_function([sg.theta, *sg.indices], sg.force)
+    w, idx = np.array([0.3, -0.2]), rng.integers(0, 200, size=20)
+    expected = -w / 100 + 10 * X[idx].T @ (y[idx] - X[idx] @ w) / 0.25
+    np.testing.assert_allclose(fn(np.append(w, 0.1), idx)[:2], expected, rtol=1e-12)
+
+
+def test_a_parameter_check_that_holds_is_dropped_and_one_that_fails_stays():
+    # With the numbers shared, PyTensor no longer folds the log-density's check of them
+    # (sigma > 0) away; the model layer does, for the values it holds.
+    def checks(sigma: float) -> tuple[list, SGModel]:
+        with pm.Model() as model:
+            pm.Normal("w", 0.0, sigma)
+            sg = SGModel(model, model.value_vars)
+        graph = [sg.logp, sg.force]
+        nodes = pytensor.graph.traversal.toposort(graph)
+        return [n for n in nodes if isinstance(n.op, CheckParameterValue)], sg
+
+    held, sg = checks(2.0)
+    assert not held
+    fn = python_function([sg.theta], sg.logp)
+    np.testing.assert_allclose(fn(np.array([1.0])), -0.125 - np.log(2 * np.sqrt(2 * np.pi)))
+    failed, _ = checks(-2.0)
+    assert failed and all(n.op.msg == "sigma > 0" for n in failed)
