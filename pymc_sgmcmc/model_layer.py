@@ -561,7 +561,7 @@ def share_parameters(model: pm.Model) -> SharedParameters:
     graphs, so PyTensor's rewritten-graph cache (:mod:`pymc_sgmcmc.rewrite_cache`) and
     numba's cache serve it the blocks compiled for the first. Such a change recompiled every
     block (P1, step construction to the first draw with warm caches: SGLD 5.8-6.1 s, mCCAdL
-    8.9-9.1 s, against 2.2-2.6 s now). The values and types are the model's, so the graphs
+    8.9-9.1 s, against 2.0-2.9 s now). The values and types are the model's, so the graphs
     compute what PyMC's do; the compiled step computes from them what a constant's folding
     did once (a ``log(sigma)``), a few scalar operations per step. PyTensor types a number
     by its value (``0.5`` float32, which holds it exactly, ``0.3`` float64), and a number of
@@ -602,8 +602,8 @@ def without_passed_checks(
 
     With the parameters as constants, PyTensor's constant folding removed these checks when
     it compiled a function; with shared variables it cannot, and each block compiled and ran
-    the comparisons (nine more ops for a normal prior and likelihood). A check that fails
-    stays, as it stayed before: the log-density is -inf."""
+    the comparisons (nine more ops on P1 while its likelihood's number was shared too). A
+    check that fails stays, as it stayed before: the log-density is -inf."""
     held = {*parameters}
     checks = [
         node
