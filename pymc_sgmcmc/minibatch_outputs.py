@@ -48,7 +48,7 @@ def reads_minibatch(variables: Sequence[Variable]) -> list[str]:
 
 
 #: The warnings name the first caller outside these packages: the user's call, whether of
-#: ``pm.compute_log_likelihood`` or of ``pm.sample``, which reaches it four levels deeper.
+#: ``pm.compute_log_likelihood`` or of ``pm.sample``, whose conversion of the trace calls it.
 _INTERNAL = (str(Path(pymc.__file__).parent), str(Path(__file__).parent))
 
 
