@@ -1010,10 +1010,6 @@ def test_a_log_density_undefined_on_every_batch_is_not_blamed_on_rows():
     assert len(sg.undefined_rows(np.array([1.0, 0.0]))) == 0
 
 
-def _shared_values(sg: SGModel) -> list:
-    return sorted(np.asarray(p.get_value()).tolist() for p in sg.shared_parameters.parameters)
-
-
 def test_the_distributions_numbers_are_inputs_of_the_graphs_not_constants():
     # Floating-point numbers given as a prior's parameters (b's 0.0 and 2.5, typed float32 by
     # PyTensor) become shared variables of the same types, so that a model differing only in
