@@ -47,14 +47,24 @@ from pytensor.graph.basic import Apply, Constant, Variable
 from pytensor.graph.replace import clone_replace, vectorize_graph
 from pytensor.graph.traversal import ancestors, graph_inputs, toposort
 from pytensor.graph.utils import MethodNotDefined
-from pytensor.scalar import Abs, Exp, Mul, Softplus, Sqr, Sqrt, upcast
+from pytensor.scalar import (
+    Abs,
+    Exp,
+    Mul,
+    Softplus,
+    Sqr,
+    Sqrt,
+    get_scalar_type,
+    upcast,
+    upgrade_to_float,
+)
 from pytensor.tensor.elemwise import DimShuffle, Elemwise
 from pytensor.tensor.exceptions import NotScalarConstantError
 from pytensor.tensor.math import variadic_add
 from pytensor.tensor.random.basic import NormalRV
 from pytensor.tensor.random.op import RandomVariable
 from pytensor.tensor.subtensor import AdvancedSubtensor, Subtensor
-from pytensor.tensor.type import float_dtypes
+from pytensor.tensor.type import float_dtypes, integer_dtypes
 from pytensor.tensor.type_other import NoneTypeT
 
 from pymc_sgmcmc.gram_product import CentredGramProduct
@@ -551,40 +561,118 @@ def _distribution_parameters(node: Apply) -> list[Variable]:
     return []
 
 
-def share_parameters(model: pm.Model) -> SharedParameters:
-    """Copies of the model's terms in which the floating-point numbers given as the priors'
-    parameters (``pm.Normal("w", 0.0, 10.0)``'s two, an array of prior scales) are shared
-    variables holding the same values, of the same types.
+def _shared_number(var: Variable, dtype: str) -> SharedVariable | None:
+    """A shared variable holding the number ``var`` (a constant, or PyMC's ``ExpandDims`` of one
+    to the variable's size) in the model's precision ``dtype``; None if ``var`` is no number.
+
+    PyTensor types a number by its value: ``0`` and ``10`` int8, ``10.0`` float32 (it holds
+    it exactly), ``0.3`` float64. Each type was another graph, compiled again. The number is
+    promoted as PyTensor promotes it where it meets a float (``upgrade_to_float``: int8 ->
+    float32, int64 -> float64), then to ``dtype``, so in a float64 model all four are one
+    float64 input and a changed prior number never compiles anew. An integer too large for the
+    float to hold exactly stays a constant.
+    """
+    if not isinstance(var.type, pt.TensorType):
+        return None
+    kind = var.type.dtype
+    if kind in integer_dtypes:
+        (float_type,) = upgrade_to_float(get_scalar_type(kind))
+        kind = float_type.dtype
+    elif kind not in float_dtypes:
+        return None
+    value = _constant_value(var)
+    if value is None:
+        return None
+    number = value.astype(upcast(kind, dtype))
+    if not np.array_equal(number, value):
+        return None
+    # The parameter as the node reads it, its ExpandDims applied: the copies then have the
+    # shapes PyMC's folding of the constant gave.
+    return pytensor.shared(number, name="parameter", shape=var.type.shape)
+
+
+def _with_copies(mapping: dict, copies: dict[Variable, Variable]) -> dict:
+    """``mapping`` (the model's values or transforms of its variables) with each variable
+    replaced by its copy: one log-density term per value variable."""
+    return {copies.get(var, var): entry for var, entry in mapping.items()}
+
+
+def _log_densities_take(
+    rvs: Sequence[Variable], numbers: dict[Variable, SharedVariable], model: pm.Model
+) -> bool:
+    """Whether PyMC derives the log-densities of ``rvs`` rebuilt with ``numbers`` shared, for
+    the same types of variable. Some distributions need a number as a constant:
+    ``pm.Interpolated`` reads its points' values, ``pm.ZeroSumNormal``'s and
+    ``pm.LKJCholeskyCov``'s sizes and ``pm.StickBreakingWeights``'s ``K`` are integers that fix
+    shapes, and so may a number in a ``pm.CustomDist``'s ``logp``. Their errors differ (a
+    ``TypeError``, an ``AttributeError``, the ``logp``'s own), hence the broad ``except``: a
+    distribution that fails here keeps its numbers as constants, and any error of its own is
+    raised where its term is derived."""
+    try:
+        copies = dict(zip(rvs, _rebuild(rvs, numbers), strict=True))
+        if any(copy.type != rv.type for rv, copy in copies.items()):
+            return False
+        transformed_conditional_logp(
+            list(copies.values()),
+            rvs_to_values=_with_copies(model.rvs_to_values, copies),
+            rvs_to_transforms=_with_copies(model.rvs_to_transforms, copies),
+        )
+    except Exception:
+        return False
+    return True
+
+
+def _numbers_each_distribution_takes(
+    model: pm.Model, numbers: dict[Variable, SharedVariable]
+) -> dict[Variable, SharedVariable]:
+    """The ``numbers`` whose free variables' log-densities, each taken alone, take them
+    shared (:func:`_log_densities_take`); a number two variables read, only if both do."""
+    free = set(model.free_RVs)
+    taken, kept = {}, set()
+    for rv in model.free_RVs:
+        ancestry = toposort([rv], blockers=free - {rv})
+        own = {var: numbers[var] for node in ancestry for var in node.inputs if var in numbers}
+        if own and _log_densities_take([rv], own, model):
+            taken.update(own)
+        else:
+            kept.update(own)
+    return {var: number for var, number in taken.items() if var not in kept}
+
+
+def share_parameters(model: pm.Model, dtype: str) -> SharedParameters:
+    """Copies of the model's terms in which the numbers given as the priors' parameters
+    (``pm.Normal("w", 0, 10)``'s two, an array of prior scales) are shared variables holding
+    the same values, in the model's precision ``dtype`` (:func:`_shared_number`).
 
     The compiled blocks then read these numbers as inputs instead of compiling them in: a
-    model that differs only in them (a prior's scale changed between two runs) has the same
-    graphs, so PyTensor's rewritten-graph cache (:mod:`pymc_sgmcmc.rewrite_cache`) and
-    numba's cache serve it the blocks compiled for the first. Such a change recompiled every
-    block (P1, step construction to the first draw with warm caches: SGLD 5.8-6.1 s, mCCAdL
-    8.9-9.1 s, against 2.0-2.9 s now). The values and types are the model's, so the graphs
-    compute what PyMC's do; the compiled step computes from them what a constant's folding
-    did once (a ``log(sigma)``), a few scalar operations per step. PyTensor types a number
-    by its value (``0.5`` float32, which holds it exactly, ``0.3`` float64), and a number of
-    another type is another graph.
+    model that differs only in them (a prior's scale changed between two runs, ``10`` ->
+    ``2.5`` -> ``0.3``) has the same graphs, so PyTensor's rewritten-graph cache
+    (:mod:`pymc_sgmcmc.rewrite_cache`) and numba's cache serve it the blocks compiled for the
+    first. Such a change recompiled every block (P1, step construction to the first draw with
+    warm caches: SGLD 5.8-6.1 s, mCCAdL 8.9-9.1 s, against 2.0-2.9 s now). The compiled step
+    computes from them what a constant's folding did once (a ``log(sigma)``), a few scalar
+    operations per step, and in the model's precision where PyMC computes an int8's or a
+    float32's ``log`` in float32: the log-density differs from ``model.compile_logp()``'s by
+    that rounding (3e-8 relative on a ``pm.HalfCauchy("s", 5)``), and an int8 sum that
+    overflows in PyMC does not here (``pm.Beta("p", 100, 100)``'s log-density is NaN in
+    PyMC 6.4). A distribution whose log-density needs its numbers as constants keeps them
+    (:func:`_log_densities_take`).
 
     The likelihood's numbers stay constants: the step computes with them once per minibatch
     row, where folding them matters (shared, P1's ``sigma=1.0`` made mCCAdL's and NOGIN's
-    steps 7-8 % slower, five alternated pairs). So do integers (``pm.Normal("w", 0, 10)``):
-    PyTensor computes with an integer in its own type, int8 for 20, and ``sigma=20`` held in a
-    shared int8 made a likelihood's per-row gradients differ from the batch's (by 24 on a test
-    model). And so do numbers inside an expression (a ``2.0 * x``) and the log-densities' own
-    constants, whose values the rewrites use (``x ** 2`` -> ``sqr(x)``).
+    steps 7-8 % slower, five alternated pairs). So do numbers inside an expression (a
+    ``2.0 * x``, ``pm.Exponential``'s ``1 / lam``) and the log-densities' own constants,
+    whose values the rewrites use (``x ** 2`` -> ``sqr(x)``).
     """
     terms = [*model.free_RVs, *model.observed_RVs, *model.potentials]
     shared: dict[Variable, SharedVariable] = {}
     for node in toposort(model.free_RVs):
         for var in _distribution_parameters(node):
-            is_float = isinstance(var.type, pt.TensorType) and var.type.dtype in float_dtypes
-            value = _constant_value(var) if is_float and var not in shared else None
-            if value is not None:
-                # The parameter as the node reads it, its ExpandDims applied: the copies then
-                # have the shapes PyMC's folding of the constant gave.
-                shared[var] = pytensor.shared(value, name="parameter", shape=var.type.shape)
+            number = None if var in shared else _shared_number(var, dtype)
+            if number is not None:
+                shared[var] = number
+    if shared and not _log_densities_take(model.free_RVs, shared, model):
+        shared = _numbers_each_distribution_takes(model, shared)
     copies = dict(zip(terms, _rebuild(terms, shared) if shared else terms, strict=True))
     return SharedParameters(
         copies=copies,
@@ -696,7 +784,7 @@ class SGModel:
         #: model built under ``floatX="float32"``): the log-density graphs derived here, and
         #: the samplers' state, noise and arithmetic, use it too.
         self.dtype = upcast(*(v.type.dtype for v in self.value_vars))
-        self.shared_parameters = share_parameters(model)
+        self.shared_parameters = share_parameters(model, self.dtype)
         with pytensor.config.change_flags(floatX=self.dtype):
             self._build_graphs()
 

@@ -5,6 +5,7 @@ import pymc as pm
 import pytensor
 import pytensor.tensor as pt
 import pytest
+import scipy.stats
 from models import GaussianRegression
 from pymc.logprob.utils import CheckParameterValue
 from python_backend import python_function
@@ -19,6 +20,7 @@ from pymc_sgmcmc.model_layer import (
     SGModel,
     non_centred_products,
 )
+from pymc_sgmcmc.rewrite_cache import _graph_key, caching_rewrites
 
 
 def compile_layer(sg: SGModel):
@@ -1011,10 +1013,10 @@ def test_a_log_density_undefined_on_every_batch_is_not_blamed_on_rows():
 
 
 def test_the_distributions_numbers_are_inputs_of_the_graphs_not_constants():
-    # Floating-point numbers given as a prior's parameters (b's 0.0 and 2.5, typed float32 by
-    # PyTensor) become shared variables of the same types, so that a model differing only in
-    # them has the same graphs; integers (w's prior), the likelihoods' numbers (0.5, a count)
-    # and a number inside an expression stay constants.
+    # Numbers given as a prior's parameters (w's integers 0 and 10, typed int8 by PyTensor, and
+    # b's 0.0 and 2.5, float32) become shared variables in the model's precision, so that a
+    # model differing only in them has the same graphs; the likelihoods' numbers (0.5, a
+    # count) and a number inside an expression stay constants.
     rng = np.random.default_rng(0)
     X, y = rng.standard_normal((200, 2)), rng.standard_normal(200)
     k = rng.binomial(7, 0.3, size=200)
@@ -1026,9 +1028,11 @@ def test_the_distributions_numbers_are_inputs_of_the_graphs_not_constants():
         pm.Binomial("k", n=7, p=0.3 * pm.math.sigmoid(b), observed=k)
         sg = SGModel(model, model.value_vars)
     parameters = sg.shared_parameters.parameters
-    assert [(p.get_value().tolist(), p.type.dtype) for p in parameters] == [
-        (0.0, "float32"),
-        (2.5, "float32"),
+    assert sorted((p.get_value().item(), p.type.dtype) for p in parameters) == [
+        (0.0, "float64"),
+        (0.0, "float64"),
+        (2.5, "float64"),
+        (10.0, "float64"),
     ]
     graph = [sg.force, sg.logp, sg.per_observation_gradients]
     scalars = [
@@ -1036,13 +1040,91 @@ def test_the_distributions_numbers_are_inputs_of_the_graphs_not_constants():
         for c in pytensor.graph.traversal.ancestors(graph)
         if isinstance(c, pt.TensorConstant) and c.data.size == 1
     ]
-    assert 2.5 not in scalars
-    assert all(number in scalars for number in (10, 0.5, 7, 0.3))
+    assert 2.5 not in scalars and 10 not in scalars
+    assert all(number in scalars for number in (0.5, 7, 0.3))
     # The values are the model's: w's force from w ~ N(0, 10^2) and y ~ N(X w, 0.5^2).
     fn = python_function([sg.theta, *sg.indices], sg.force)
     w, idx = np.array([0.3, -0.2]), rng.integers(0, 200, size=20)
     expected = -w / 100 + 10 * X[idx].T @ (y[idx] - X[idx] @ w) / 0.25
     np.testing.assert_allclose(fn(np.append(w, 0.1), idx)[:2], expected, rtol=1e-12)
+
+
+@pytest.mark.parametrize("floatX", ["float64", "float32"])
+def test_a_priors_numbers_of_any_type_give_one_graph(floatX):
+    # PyTensor types 10 int8, 10.0 float32 and 0.3 float64: each was another graph, compiled
+    # again when a user changed the number. Promoted to the model's precision (float32 where
+    # floatX is float32 and the number fits it), they give one graph key: the rewritten-graph
+    # cache and numba's cache serve every such model the first one's blocks.
+    def key(location, scale) -> tuple[str, list[str]]:
+        with pytensor.config.change_flags(floatX=floatX), pm.Model() as model:
+            pm.Normal("w", location, scale, shape=3)
+            sg = SGModel(model, model.value_vars)
+        parameters = sg.shared_parameters.parameters
+        mode = caching_rewrites("NUMBA")
+        graph_key = _graph_key([sg.theta, *parameters], [sg.logp, sg.force], mode)
+        assert graph_key is not None
+        return graph_key, [p.type.dtype for p in parameters]
+
+    numbers = [(0, 10), (0.0, 10.0), (0.0, 0.5), (0.0, 0.3)]
+    if floatX == "float64":
+        numbers += [(np.int64(0), np.float32(2.0)), (0.0, np.float64(0.3))]
+    keys = [key(*pair) for pair in numbers]
+    assert all(k == keys[0] for k in keys), keys
+    assert keys[0][1] == [floatX, floatX]
+    if floatX == "float32":
+        # An int64 or a float64, which PyMC computes with in float64, stays float64.
+        assert key(np.int64(0), np.float64(0.3))[1] == ["float64", "float64"]
+
+
+def _logp_and_force_against_pymc(model: pm.Model, sg: SGModel, rtol: float = 1e-10) -> None:
+    """The layer's log-density and force (no minibatch: the exact ones) equal PyMC's at the
+    initial point and two points around it."""
+    fn = python_function([sg.theta], [sg.logp, sg.force])
+    logp, dlogp = model.compile_logp(), model.compile_dlogp()
+    point = {v.name: model.initial_point()[v.name] for v in model.value_vars}
+    rng = np.random.default_rng(1)
+    for shift in (0.0, 0.2, -0.3):
+        theta = sg.initial_theta + shift * rng.standard_normal(sg.dim)
+        ours_logp, ours_force = fn(theta)
+        at = split_like(point, theta)
+        np.testing.assert_allclose(ours_logp, logp(at), rtol=rtol)
+        np.testing.assert_allclose(ours_force, dlogp(at), rtol=rtol, atol=1e-12)
+
+
+def test_a_distribution_that_needs_its_numbers_as_constants_keeps_them():
+    # pm.Interpolated's log-density reads its points' values (it raised an AttributeError on a
+    # shared variable: the sampler could not take such a prior), pm.StickBreakingWeights's K,
+    # pm.ZeroSumNormal's and pm.LKJCholeskyCov's sizes fix shapes, and this CustomDist's logp
+    # uses its n as a length. Each keeps its numbers as constants while the Normal beside it
+    # shares its own, and the log-density and force are PyMC's.
+    def custom_logp(value, n):
+        return -0.5 * value**2 * pt.ones(n).sum()  # an integer n only
+
+    with pm.Model() as model:
+        pm.Normal("w", 0.0, 0.3, shape=2)  # float64 numbers: PyMC computes in float64 too
+        pm.Interpolated("s", np.array([0.0, 1.0, 2.0, 3.0]), np.array([1.0, 2.0, 2.0, 1.0]))
+        pm.StickBreakingWeights("sb", 2.0, 4)
+        pm.ZeroSumNormal("z", 2.0, shape=4)
+        pm.LKJCholeskyCov("chol", n=3, eta=2.0, sd_dist=pm.Exponential.dist(1.0))
+        pm.CustomDist("c", 3, logp=custom_logp)
+        sg = SGModel(model, model.value_vars)
+    values = sorted(p.get_value().item() for p in sg.shared_parameters.parameters)
+    assert values == [0.0, 0.3]
+    _logp_and_force_against_pymc(model, sg)
+
+
+def test_integer_priors_numbers_do_not_overflow():
+    # PyTensor types 100 as int8 and PyMC sums alpha + beta in that type: pm.Beta("p", 100,
+    # 100)'s log-density is NaN in PyMC 6.4 (200 wraps to -56). The model layer computes with
+    # the numbers promoted to float64: the exact density, with the logit transform's Jacobian.
+    with pm.Model() as model:
+        pm.Beta("p", 100, 100)
+        sg = SGModel(model, model.value_vars)
+    fn = python_function([sg.theta], sg.logp)
+    for x in (-0.2, 0.0, 0.3):
+        p = 1 / (1 + np.exp(-x))
+        exact = scipy.stats.beta.logpdf(p, 100, 100) + np.log(p * (1 - p))
+        np.testing.assert_allclose(fn(np.array([x])), exact, rtol=1e-12)
 
 
 def test_a_parameter_check_that_holds_is_dropped_and_one_that_fails_stays():

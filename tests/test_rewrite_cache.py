@@ -196,14 +196,14 @@ def test_keys_follow_values_not_objects():
 
 
 def test_a_model_that_differs_only_in_its_priors_numbers_compiles_nothing_again(tmp_path):
-    # A prior's scale changed between two runs, to a number of the same type (float32 holds
-    # both exactly): the prior's numbers are inputs of the compiled graphs
-    # (``model_layer.share_parameters``), so the second run neither rewrites a graph nor has
-    # numba compile a function. Before, it rewrote the 6 graphs and numba compiled the blocks
-    # again (5 s of P1's first draw).
+    # A prior's scale changed between two runs, from 10.0 (PyTensor types it float32) to 0.0078
+    # (float64): the prior's numbers are inputs of the compiled graphs, in the model's
+    # precision (``model_layer.share_parameters``), so the second run neither rewrites a graph
+    # nor has numba compile a function. Before, it rewrote the 6 graphs and numba compiled the
+    # blocks again (5 s of P1's first draw).
     first = _run(tmp_path, _CHANGED_NUMBERS, "10.0")
     assert first["rewritten"] > 3 and first["compiled"]
-    changed = _run(tmp_path, _CHANGED_NUMBERS, "0.0078125")
+    changed = _run(tmp_path, _CHANGED_NUMBERS, "0.0078")
     assert changed["rewritten"] == 0
     assert changed["compiled"] == []
     # ... and its draws follow the new numbers, not the compiled ones: the new prior moves the
