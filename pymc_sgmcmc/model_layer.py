@@ -535,19 +535,31 @@ class SharedParameters(NamedTuple):
 
 
 def _constant_value(var: Variable) -> np.ndarray | None:
-    """The value of ``var`` if it is a constant, or the ``DimShuffle`` s (PyMC's ``ExpandDims``
-    of a parameter to the variable's size) of one; else None."""
+    """The value of ``var`` if it is a constant, or an elementwise expression of constants
+    (PyMC's ``1 / lam`` for ``pm.Exponential``'s scale, ``tau ** -0.5`` for ``pm.Normal``'s
+    ``sigma`` given ``tau``) and ``DimShuffle`` s of them (PyMC's ``ExpandDims`` of a
+    parameter to the variable's size), computed by the ops themselves in the expression's
+    types, as PyTensor's constant folding computes them; else None."""
     if isinstance(var, Constant):
         return np.asarray(var.data)
     node = var.owner
-    if node is None or not isinstance(node.op, DimShuffle):
+    if node is None or not isinstance(node.op, DimShuffle | Elemwise):
         return None
-    value = _constant_value(node.inputs[0])
-    if value is None:
+    values = []
+    for var_in in node.inputs:
+        value = _constant_value(var_in)
+        if value is None:
+            return None
+        values.append(value)
+    out = [[None] for _ in node.outputs]
+    try:
+        # prepare_node gives the node the NumPy ufunc's signature (its output type): an op's
+        # ufunc set up for another node computed a reciprocal of int8 3 as the int8 0.
+        node.op.prepare_node(node, None, None, "py")
+        node.op.perform(node, values, out)
+    except Exception:  # no Python implementation (perform or impl): it stays a constant
         return None
-    out = [[None]]
-    node.op.perform(node, [value], out)
-    return np.asarray(out[0][0])
+    return np.asarray(out[node.outputs.index(var)][0], dtype=var.type.dtype)
 
 
 def _distribution_parameters(node: Apply) -> list[Variable]:
@@ -641,8 +653,9 @@ def _numbers_each_distribution_takes(
 
 def share_parameters(model: pm.Model, dtype: str) -> SharedParameters:
     """Copies of the model's terms in which the numbers given as the priors' parameters
-    (``pm.Normal("w", 0, 10)``'s two, an array of prior scales) are shared variables holding
-    the same values, in the model's precision ``dtype`` (:func:`_shared_number`).
+    (``pm.Normal("w", 0, 10)``'s two, ``pm.Exponential("s", 1)``'s scale ``1 / 1``, an array
+    of prior scales, a prior covariance) are shared variables holding the same values, in the
+    model's precision ``dtype`` (:func:`_shared_number`).
 
     The compiled blocks then read these numbers as inputs instead of compiling them in: a
     model that differs only in them (a prior's scale changed between two runs, ``10`` ->
@@ -660,9 +673,9 @@ def share_parameters(model: pm.Model, dtype: str) -> SharedParameters:
 
     The likelihood's numbers stay constants: the step computes with them once per minibatch
     row, where folding them matters (shared, P1's ``sigma=1.0`` made mCCAdL's and NOGIN's
-    steps 7-8 % slower, five alternated pairs). So do numbers inside an expression (a
-    ``2.0 * x``, ``pm.Exponential``'s ``1 / lam``) and the log-densities' own constants,
-    whose values the rewrites use (``x ** 2`` -> ``sqr(x)``).
+    steps 7-8 % slower, five alternated pairs). So do numbers inside an expression of a
+    variable (a ``2.0 * x``) and the log-densities' own constants, whose values the rewrites
+    use (``x ** 2`` -> ``sqr(x)``).
     """
     terms = [*model.free_RVs, *model.observed_RVs, *model.potentials]
     shared: dict[Variable, SharedVariable] = {}

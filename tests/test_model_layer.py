@@ -1076,11 +1076,44 @@ def test_a_priors_numbers_of_any_type_give_one_graph(floatX):
         assert key(np.int64(0), np.float64(0.3))[1] == ["float64", "float64"]
 
 
+def test_a_priors_parameter_computed_from_numbers_is_shared_as_its_value():
+    # pm.Exponential("s", lam) has the parameter scale = 1 / lam, an expression of a constant;
+    # pm.Normal(tau=...) has sigma = tau ** -0.5. Their values are shared as the numbers are,
+    # so lam = 1, 3 or 0.5 is one graph. The value is PyMC's (1 / 3 computed in float32, the
+    # type of the reciprocal of an int8), the density computed from it in float64.
+    def exponential(lam) -> SGModel:
+        with pm.Model() as model:
+            pm.Exponential("s", lam, shape=2)
+            return SGModel(model, model.value_vars)
+
+    def key(sg: SGModel) -> str:
+        inputs = [sg.theta, *sg.shared_parameters.parameters]
+        return _graph_key(inputs, [sg.logp, sg.force], caching_rewrites("NUMBA"))
+
+    models = {lam: exponential(lam) for lam in (1, 3, 0.5)}
+    assert key(models[1]) is not None
+    assert key(models[1]) == key(models[3]) == key(models[0.5])
+    sg = models[3]
+    (scale,) = sg.shared_parameters.parameters
+    assert scale.get_value().tolist() == [float(np.float32(1 / 3))]
+    fn = python_function([sg.theta], sg.logp)
+    theta = np.array([-0.5, 1.2])  # log s
+    s = np.exp(theta)
+    exact = scipy.stats.expon.logpdf(s, scale=float(np.float32(1 / 3))).sum() + theta.sum()
+    np.testing.assert_allclose(fn(theta), exact, rtol=1e-12)
+    with pm.Model() as model:
+        pm.Normal("w", 0, tau=4)
+        sg = SGModel(model, model.value_vars)
+    assert [p.get_value().item() for p in sg.shared_parameters.parameters] == [0.0, 0.5]
+
+
 def _logp_and_force_against_pymc(model: pm.Model, sg: SGModel, rtol: float = 1e-10) -> None:
     """The layer's log-density and force (no minibatch: the exact ones) equal PyMC's at the
     initial point and two points around it."""
     fn = python_function([sg.theta], [sg.logp, sg.force])
-    logp, dlogp = model.compile_logp(), model.compile_dlogp()
+    with pytensor.config.change_flags(cxx=""):  # PyMC's, in Python too (python_function)
+        logp = model.compile_logp(mode="FAST_COMPILE")
+        dlogp = model.compile_dlogp(mode="FAST_COMPILE")
     point = {v.name: model.initial_point()[v.name] for v in model.value_vars}
     rng = np.random.default_rng(1)
     for shift in (0.0, 0.2, -0.3):
