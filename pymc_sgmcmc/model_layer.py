@@ -574,8 +574,8 @@ def _distribution_parameters(node: Apply) -> list[Variable]:
 
 
 def _shared_number(var: Variable, dtype: str) -> SharedVariable | None:
-    """A shared variable holding the number ``var`` (a constant, or PyMC's ``ExpandDims`` of one
-    to the variable's size) in the model's precision ``dtype``; None if ``var`` is no number.
+    """A shared variable holding the number ``var`` (a constant or an expression of constants:
+    :func:`_constant_value`) in the model's precision ``dtype``; None if ``var`` is no number.
 
     PyTensor types a number by its value: ``0`` and ``10`` int8, ``10.0`` float32 (it holds
     it exactly), ``0.3`` float64. Each type was another graph, compiled again. The number is
@@ -689,8 +689,8 @@ def share_parameters(model: pm.Model, dtype: str) -> SharedParameters:
     copies = dict(zip(terms, _rebuild(terms, shared) if shared else terms, strict=True))
     return SharedParameters(
         copies=copies,
-        rvs_to_values={copies[rv]: value for rv, value in model.rvs_to_values.items()},
-        rvs_to_transforms={copies[rv]: t for rv, t in model.rvs_to_transforms.items()},
+        rvs_to_values=_with_copies(model.rvs_to_values, copies),
+        rvs_to_transforms=_with_copies(model.rvs_to_transforms, copies),
         parameters=list(shared.values()),
     )
 

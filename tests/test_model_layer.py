@@ -1049,6 +1049,12 @@ def test_the_distributions_numbers_are_inputs_of_the_graphs_not_constants():
     np.testing.assert_allclose(fn(np.append(w, 0.1), idx)[:2], expected, rtol=1e-12)
 
 
+def _graph_key_of(sg: SGModel) -> str | None:
+    """The rewritten-graph cache's key of the layer's log-density and force graphs."""
+    inputs = [sg.theta, *sg.shared_parameters.parameters]
+    return _graph_key(inputs, [sg.logp, sg.force], caching_rewrites("NUMBA"))
+
+
 @pytest.mark.parametrize("floatX", ["float64", "float32"])
 def test_a_priors_numbers_of_any_type_give_one_graph(floatX):
     # PyTensor types 10 int8, 10.0 float32 and 0.3 float64: each was another graph, compiled
@@ -1059,11 +1065,9 @@ def test_a_priors_numbers_of_any_type_give_one_graph(floatX):
         with pytensor.config.change_flags(floatX=floatX), pm.Model() as model:
             pm.Normal("w", location, scale, shape=3)
             sg = SGModel(model, model.value_vars)
-        parameters = sg.shared_parameters.parameters
-        mode = caching_rewrites("NUMBA")
-        graph_key = _graph_key([sg.theta, *parameters], [sg.logp, sg.force], mode)
+        graph_key = _graph_key_of(sg)
         assert graph_key is not None
-        return graph_key, [p.type.dtype for p in parameters]
+        return graph_key, [p.type.dtype for p in sg.shared_parameters.parameters]
 
     numbers = [(0, 10), (0.0, 10.0), (0.0, 0.5), (0.0, 0.3)]
     if floatX == "float64":
@@ -1086,13 +1090,9 @@ def test_a_priors_parameter_computed_from_numbers_is_shared_as_its_value():
             pm.Exponential("s", lam, shape=2)
             return SGModel(model, model.value_vars)
 
-    def key(sg: SGModel) -> str:
-        inputs = [sg.theta, *sg.shared_parameters.parameters]
-        return _graph_key(inputs, [sg.logp, sg.force], caching_rewrites("NUMBA"))
-
     models = {lam: exponential(lam) for lam in (1, 3, 0.5)}
-    assert key(models[1]) is not None
-    assert key(models[1]) == key(models[3]) == key(models[0.5])
+    assert _graph_key_of(models[1]) is not None
+    assert _graph_key_of(models[1]) == _graph_key_of(models[3]) == _graph_key_of(models[0.5])
     sg = models[3]
     (scale,) = sg.shared_parameters.parameters
     assert scale.get_value().tolist() == [float(np.float32(1 / 3))]
