@@ -929,7 +929,11 @@ class SGMCMC(ArrayStepShared):
             # non-finite one before a draw depends on it: checking the 2 x 10^4 entries of
             # two such states cost NOGIN 4.5 µs per step at D = 100 (a periodic average).
             checked = [v for v in new if v.ndim <= 1]
-            sane = pt.all([pt.all(pt.isfinite(v)) for v in [*checked, draw]]) & (
+            # Scalar ANDs, which fuse into one scalar function: pt.all of the list joined
+            # the flags into a vector first (a Join, three ExpandDims, an All), each more code
+            # for numba to compile.
+            finite = [pt.all(pt.isfinite(v)) for v in [*checked, draw]]
+            sane = functools.reduce(pt.and_, finite) & (
                 pt.max(pt.abs(draw)) < self.divergence_threshold
             )
             # The minibatch log-density only at the steps the host reads it at
