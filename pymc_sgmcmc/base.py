@@ -930,8 +930,8 @@ class SGMCMC(ArrayStepShared):
             # two such states cost NOGIN 4.5 µs per step at D = 100 (a periodic average).
             checked = [v for v in new if v.ndim <= 1]
             # Scalar ANDs, which fuse into one scalar function: pt.all of the list joined
-            # the flags into a vector first (a Join, three ExpandDims, an All), each more code
-            # for numba to compile.
+            # the flags into a vector first (an ExpandDims per flag, a Join, an All), each
+            # more code for numba to compile.
             finite = [pt.all(pt.isfinite(v)) for v in [*checked, draw]]
             sane = functools.reduce(pt.and_, finite) & (
                 pt.max(pt.abs(draw)) < self.divergence_threshold
