@@ -1091,8 +1091,9 @@ def test_a_priors_parameter_computed_from_numbers_is_shared_as_its_value():
             return SGModel(model, model.value_vars)
 
     models = {lam: exponential(lam) for lam in (1, 3, 0.5)}
-    assert _graph_key_of(models[1]) is not None
-    assert _graph_key_of(models[1]) == _graph_key_of(models[3]) == _graph_key_of(models[0.5])
+    key_1, key_3, key_half = (_graph_key_of(models[lam]) for lam in (1, 3, 0.5))
+    assert key_1 is not None
+    assert key_1 == key_3 == key_half
     sg = models[3]
     (scale,) = sg.shared_parameters.parameters
     assert scale.get_value().tolist() == [float(np.float32(1 / 3))]
