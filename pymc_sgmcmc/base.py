@@ -405,7 +405,8 @@ class SGMCMC(ArrayStepShared):
     #: ``benchmarks/adaptation_results.md`` on all four test models.
     default_tune_steps: ClassVar[int] = 1000
     _state_class = SGMCMCState
-    #: Number of standard-normal D-vectors each integrator step consumes.
+    #: Number of standard-normal D-vectors each integrator step consumes (``noise[0]``,
+    #: ``noise[1]``, ... of :meth:`integrate`).
     noise_vectors: ClassVar[int] = 1
     #: Stats every sampler reports; subclasses add their own.
     common_stats: ClassVar[dict] = {
@@ -730,7 +731,8 @@ class SGMCMC(ArrayStepShared):
         return self.evaluate(theta, indices, noise, h)
 
     def integrate(self, state, indices, noise, h, noise_indices=None) -> Step:
-        """One integrator step from ``state`` (a dict of graphs). ``noise_indices``: the
+        """One integrator step from ``state`` (a dict of graphs). ``noise``: a list of
+        :attr:`noise_vectors` standard-normal D-vectors. ``noise_indices``: the
         rows of Sigma-hat, through inputs of their own, given only when
         :attr:`separate_noise_indices`: the step's minibatch again, for the update of a
         periodic average of Sigma (:meth:`periodically_averaged_noise`), or rows drawn
@@ -805,7 +807,7 @@ class SGMCMC(ArrayStepShared):
             pt.vector(f"index_{k}", dtype="int64", shape=i.type.shape)
             for k, i in enumerate(ml.indices)
         ]
-        noise = pt.tensor("noise", shape=(self.noise_vectors, self.dim))
+        noise = [pt.vector(f"noise_{k}", shape=(self.dim,)) for k in range(self.noise_vectors)]
         scale = pt.vector("scale", shape=(self.dim,))
         rotation = [pt.matrix("rotation", shape=(self.dim, self.dim))] if self.dense else []
         shrinkage = pt.scalar("noise_shrinkage")
@@ -824,7 +826,7 @@ class SGMCMC(ArrayStepShared):
         if evaluated:
             # Run at a chain start only; ~3 s of a cold start if compiled with numba.
             init_fn = self._function(
-                [theta, *indices, noise, h0, *kernel],
+                [theta, *indices, *noise, h0, *kernel],
                 list(evaluated.values()),
                 {**kwargs, "mode": one_off_mode(list(evaluated.values()))},
             )
@@ -882,7 +884,12 @@ class SGMCMC(ArrayStepShared):
             pt.matrix(f"indices_{k}", dtype="int64", shape=(length, i.type.shape[0]))
             for k, i in enumerate(self.sg_model.indices)
         ]
-        noise_seq = pt.tensor("noise_seq", shape=(length, self.noise_vectors, self.dim))
+        # A sequence per noise vector: the scan then hands each step D-vectors, where the
+        # step of one (length, vectors, D) sequence was a (vectors, D) matrix whose rows the
+        # integrators took with a Squeeze, which numba compiled for 0.3 s of a cold start.
+        noise_seqs = [
+            pt.matrix(f"noise_seq_{k}", shape=(length, self.dim)) for k in range(self.noise_vectors)
+        ]
         h_seq = pt.vector("h_seq", shape=(length,))
         # Dynamic shapes: whether the next step is a real one; static: whether this one is.
         active_seq = pt.vector("active_seq", dtype="bool", shape=(length,))
@@ -917,8 +924,10 @@ class SGMCMC(ArrayStepShared):
         def one_step(*args):
             idx_t, logp_idx_t = list(args[:n_idx]), list(args[n_idx : 2 * n_idx])
             noise_idx = {"noise_indices": list(args[2 * n_idx : n_all])} if noise_index_seqs else {}
-            noise_t, h_t, active_t, logp_t, stored_t = args[n_all : n_all + 5]
-            state = dict(zip(names, args[n_all + 5 :], strict=True))
+            n_seqs = n_all + len(noise_seqs) + 4
+            noise_t = list(args[n_all : n_seqs - 4])
+            h_t, active_t, logp_t, stored_t = args[n_seqs - 4 : n_seqs]
+            state = dict(zip(names, args[n_seqs:], strict=True))
             step = self.integrate(state, idx_t, noise_t, h_t, **noise_idx)
             draw_stats = step.draw_stats or {}
             stat_names[:] = [*step.stats, *draw_stats]
@@ -965,7 +974,7 @@ class SGMCMC(ArrayStepShared):
         n_stats = len(self._integrator_stat_names())
         outputs = pytensor.scan(
             one_step,
-            sequences=[*index_seqs_all, noise_seq, h_seq, active_seq, logp_seq, stored_seq],
+            sequences=[*index_seqs_all, *noise_seqs, h_seq, active_seq, logp_seq, stored_seq],
             outputs_info=[*states0] + [None] * (3 + n_stats),
             name=BLOCK_SCAN_NAME,
             return_updates=False,
@@ -980,7 +989,7 @@ class SGMCMC(ArrayStepShared):
             [
                 *states0,
                 *index_seqs_all,
-                noise_seq,
+                *noise_seqs,
                 h_seq,
                 active_seq,
                 logp_seq,
@@ -2130,7 +2139,7 @@ class SGMCMC(ArrayStepShared):
         rng = self.rng if rng is None else rng
         indices = [i[0] for i in self.sg_model.draw_indices(rng, 1)]
         noise = rng.standard_normal((self.noise_vectors, self.dim), dtype=self.dtype)
-        values = init_fn(theta, *indices, noise, self.step_size, *self._kernel)
+        values = init_fn(theta, *indices, *noise, self.step_size, *self._kernel)
         return dict(zip(evaluated, values, strict=True))
 
     @one_blas_thread
@@ -2184,8 +2193,11 @@ class SGMCMC(ArrayStepShared):
             noise_rows = indices
         # Static shapes: each step active; dynamic: the loop goes on after it (_block_function).
         active = np.arange(n_steps) < (n_steps if self.static_shapes else n_steps - 1)
+        # Each noise vector's sequence (:meth:`_block_function`), from the draws in the order
+        # of earlier versions: the same seed gives the same chain.
+        noise = [np.ascontiguousarray(noise[:, k]) for k in range(self.noise_vectors)]
         sequences = _padded(
-            [*indices, *indices, *noise_rows, noise, h], [active, wanted, stored_flags], length
+            [*indices, *indices, *noise_rows, *noise, h], [active, wanted, stored_flags], length
         )
         if self._device_data is not None:
             self._device_data.refresh()

@@ -57,6 +57,7 @@ from __future__ import annotations
 import hashlib
 import inspect
 from collections.abc import Callable
+from typing import ClassVar
 
 import numba
 import numpy as np
@@ -97,6 +98,8 @@ class _GatherProduct(Op):
     subclasses give the output's static shape and the NumPy reference (``perform``)."""
 
     __props__ = ("out_shape",)
+    #: Whether the operand may be a vector, standing for its one-column matrix.
+    takes_vectors: ClassVar[bool] = False
 
     def __init__(self, out_shape: tuple[int | None, int | None] = (None, None)):
         # A static output shape known from the graph the op replaces (when X's shape is not
@@ -114,6 +117,8 @@ class _GatherProduct(Op):
 
     def make_node(self, x, idx, b):
         x, idx, b = map(as_tensor_variable, (x, idx, b))
+        if b.type.ndim not in ((1, 2) if self.takes_vectors else (2,)):
+            raise TypeError(f"{type(self).__name__}: the operand does not fit")
         dtype = upcast(x.dtype, b.dtype)
         shape = _known_shape(self._shape(x.type, idx.type, b.type), self.out_shape)
         out = pt.tensor(dtype=dtype, shape=shape)
@@ -127,15 +132,23 @@ class _GatherProduct(Op):
 
 
 class GatherDot(_GatherProduct):
-    """``X[idx] @ B`` for a matrix ``X`` (N, D), integer rows ``idx`` (n,) and ``B`` (D, k)."""
+    """``X[idx] @ B`` for a matrix ``X`` (N, D), integer rows ``idx`` (n,) and ``B`` (D, k),
+    or ``X[idx] @ b[:, None]`` (n, 1) for a vector ``b`` (D,).
+
+    PyTensor writes the product of a vector of coefficients as that of a one-column matrix,
+    ``b[:, None]``. Taking ``b`` itself (``fuse_gather_dots``) leaves no ``ExpandDims`` in the
+    graph, and no column to copy in the kernels of the fused ops that replace the product: a
+    numba ``DimShuffle`` and the column's copy each cost about 0.1-0.5 s of a cold compile."""
+
+    takes_vectors = True
 
     @staticmethod
     def _shape(x, idx, b):
-        return idx.shape[0], b.shape[1]
+        return idx.shape[0], b.shape[1] if b.ndim == 2 else 1
 
     @staticmethod
     def _numpy(x, idx, b):
-        return x[idx] @ b
+        return x[idx] @ (b if b.ndim == 2 else b[:, None])
 
 
 class GatherTDot(_GatherProduct):
@@ -148,6 +161,11 @@ class GatherTDot(_GatherProduct):
     @staticmethod
     def _numpy(x, idx, r):
         return x[idx].T @ r
+
+
+def _as_column(b: np.ndarray) -> np.ndarray:
+    """A vector of coefficients as the one-column matrix it stands for; a matrix as it is."""
+    return b[:, None] if b.ndim == 1 else b
 
 
 def _gathered_operands_fit(gathered: tuple[bool, ...], operands) -> bool:
@@ -198,6 +216,11 @@ class GatherGLMProduct(Op):
     read at each minibatch row (``a_k[idx[i]]``) where the graph copied ``a_k[idx]`` into a
     column. The kernel reads it at X's row index, already checked: it must have X's number
     of rows (``ValueError`` otherwise).
+
+    Each ``b_k`` is a one-column matrix or a vector (see :class:`GatherDot`). With an
+    ``out_shape`` of length 1 the outputs are D-vectors instead of one-column matrices
+    (``fuse_glm_products``): the gradient of a vector of coefficients, which PyTensor takes
+    with a ``Squeeze`` of the product's column.
     """
 
     __props__ = ("scalar_op", "z_positions", "out_shape", "gathered")
@@ -214,14 +237,22 @@ class GatherGLMProduct(Op):
         self.out_shape = tuple(out_shape)
         self.gathered = tuple(bool(g) for g in gathered)
 
+    @property
+    def vectors(self) -> bool:
+        """Whether the outputs are vectors (else one-column matrices)."""
+        return len(self.out_shape) == 1
+
     def make_node(self, x, idx, *operands):
         x, idx, *operands = map(as_tensor_variable, (x, idx, *operands))
         if len(operands) < len(self.z_positions):
             raise TypeError("GatherGLMProduct: one b per predictor")
+        if any(b.type.ndim not in (1, 2) for b in operands[: len(self.z_positions)]):
+            raise TypeError("GatherGLMProduct: each b is a vector or a one-column matrix")
         columns = operands[len(self.z_positions) :]
         if not _gathered_operands_fit(self.gathered, columns):
             raise TypeError("GatherGLMProduct: gathered columns are vectors, the others 2-d")
-        shape = _known_shape((x.type.shape[1], 1), self.out_shape)
+        shape = (x.type.shape[1],) if self.vectors else (x.type.shape[1], 1)
+        shape = _known_shape(shape, self.out_shape)
         # In the predictors' type: float64 for float32 rows of a float64 model.
         dtype = upcast(x.type.dtype, *(b.type.dtype for b in operands[: len(self.z_positions)]))
         outputs = [pt.tensor(dtype=dtype, shape=shape) for _ in range(self.scalar_op.nout)]
@@ -238,7 +269,7 @@ class GatherGLMProduct(Op):
     def perform(self, node, inputs, outputs):
         x, idx, *operands = inputs
         m = len(self.z_positions)
-        bs, columns = operands[:m], operands[m:]
+        bs, columns = [_as_column(b) for b in operands[:m]], operands[m:]
         rows = x[idx]
         columns = _read_gathered(self.gathered, columns, x, idx)
         for column, var in zip(columns, node.inputs[2 + m :], strict=True):
@@ -253,6 +284,7 @@ class GatherGLMProduct(Op):
         weights = weights if self.scalar_op.nout > 1 else (weights,)
         for output, var, w in zip(outputs, node.outputs, weights, strict=True):
             out = rows.T @ np.asarray(w, dtype=var.type.dtype)
+            out = out[:, 0] if self.vectors else out
             if not var.type.is_valid_value(out):
                 raise ValueError("GatherGLMProduct: shapes do not match")
             output[0] = out
@@ -268,6 +300,7 @@ class GatherGLMSum(Op):
     minibatch's rows (``gathered[k]``: ``a_k`` is then a whole (N,) column such as the
     observed values, read at ``a_k[idx[i]]`` where the graph copied ``a_k[idx]``). The sum is
     accumulated in ``acc_dtype`` and returned as a ``dtype`` scalar, as PyTensor's ``Sum``.
+    ``b`` is a one-column matrix or a vector (see :class:`GatherDot`).
 
     SGLD's block computes the log-density at the steps whose draws the host reads, in a
     lazy branch of its own. There the one kernel, in place of the product, the copy of the
@@ -290,6 +323,8 @@ class GatherGLMSum(Op):
         x, idx, b, *columns = map(as_tensor_variable, (x, idx, b, *columns))
         if len(columns) != len(self.gathered) or any(c.type.ndim != 1 for c in columns):
             raise TypeError("GatherGLMSum: one vector per argument of f besides z")
+        if b.type.ndim not in (1, 2):
+            raise TypeError("GatherGLMSum: b is a vector or a one-column matrix")
         return Apply(self, [x, idx, b, *columns], [pt.tensor(dtype=self.dtype, shape=())])
 
     def _values(self, z: np.ndarray, columns: list[np.ndarray]) -> np.ndarray:
@@ -303,6 +338,7 @@ class GatherGLMSum(Op):
     def perform(self, node, inputs, outputs):
         x, idx, b, *columns = inputs
         n = len(idx)
+        b = _as_column(b)
         if b.shape != (x.shape[1], 1):
             raise ValueError("GatherGLMSum: shapes do not match")
         read = []
@@ -343,7 +379,8 @@ class GatherGLMRows(Op):
 
     An operand marked in ``gathered`` is a whole (N,) vector, such as the observed values,
     read at each minibatch row (``c_k[idx[i]]``) where the graph copied ``c_k[idx]`` into an
-    (n, 1) column; as in :class:`GatherGLMProduct`, it must have X's number of rows.
+    (n, 1) column; as in :class:`GatherGLMProduct`, it must have X's number of rows. Each
+    ``b_k`` is a one-column matrix or a vector (see :class:`GatherDot`).
     """
 
     __props__ = ("weights_op", "weights_args", "rows_op", "rows_args", "sums", "gathered")
@@ -382,11 +419,12 @@ class GatherGLMRows(Op):
         m = self.n_predictors
         if (
             len(operands) < m
-            or any(b.type.ndim != 2 for b in operands[:m])
+            or any(b.type.ndim not in (1, 2) for b in operands[:m])
             or not _gathered_operands_fit(self.gathered, operands[m:])
         ):
             raise TypeError(
-                "GatherGLMRows: one b per predictor, then 2-d operands (gathered: vectors)"
+                "GatherGLMRows: one b (a vector or a column) per predictor, then 2-d operands "
+                "(gathered: vectors)"
             )
         _, dtypes = self._dtypes(x.type.dtype, operands[:m], operands[m:])
         out_types = self.rows_op.output_types([get_scalar_type(d) for d in dtypes])
@@ -402,7 +440,7 @@ class GatherGLMRows(Op):
     def perform(self, node, inputs, outputs):
         x, idx, *operands = inputs
         m = self.n_predictors
-        bs, columns = operands[:m], operands[m:]
+        bs, columns = [_as_column(b) for b in operands[:m]], operands[m:]
         n, d = len(idx), x.shape[1]
         rows = x[idx]
         for b in bs:
@@ -629,10 +667,12 @@ def _static(shape) -> tuple[int, int]:
     return tuple(-1 if s is None else int(s) for s in shape)
 
 
-@register_funcify_default_op_cache_key(GatherDot)
+@register_funcify_and_cache_key(GatherDot)
 def _numba_gather_dot(op, node, **kwargs):
     dtype = np.dtype(node.outputs[0].dtype)
     rows, cols = _static(op.out_shape)
+    ndim = node.inputs[2].type.ndim
+    key = hashlib.sha256(str(("GatherDot", op.out_shape, ndim, _CACHE_SALT)).encode())
 
     @numba.njit
     def gather_dot(x, idx, b):
@@ -647,7 +687,17 @@ def _numba_gather_dot(op, node, **kwargs):
             _set_column(out, c, col)
         return out
 
-    return gather_dot, _CACHE_SALT
+    @numba.njit
+    def gather_dot_vector(x, idx, b):
+        if x.shape[1] != b.shape[0] or (rows >= 0 and idx.shape[0] != rows) or cols > 1:
+            raise ValueError("GatherDot: shapes do not match")
+        out = np.empty((idx.shape[0], 1), dtype=dtype)
+        col = np.empty(idx.shape[0], dtype=dtype)
+        _gather_matvec(x, idx, b, col)
+        _set_column(out, out.shape[1] - 1, col)
+        return out
+
+    return (gather_dot_vector if ndim == 1 else gather_dot), key.hexdigest()
 
 
 @register_funcify_default_op_cache_key(GatherTDot)
@@ -740,13 +790,11 @@ def _no_row_lines(name: str, row: str) -> list[str]:
 _GLM_KERNEL = """
 def gather_glm(x, idx, {operands}):
     n, d, n_rows = idx.shape[0], x.shape[1], x.shape[0]
-{b_checks}
+    if rows >= 0 and d != rows:
+        raise ValueError("GatherGLMProduct: shapes do not match")
+{coefficients}
     d = _opaque(d)  # the loops' length unknown to the optimiser (see _opaque)
 {checks}
-    # The (only) column as a run-time index, as in the other kernels' loops: a literal 0 would
-    # compile the column helpers a second time (for ``Literal[int](0)``), ~0.2 s of a cold start.
-    first = b0.shape[1] - 1
-{columns}
 {zeros}
 {four_rows}
 {weights}
@@ -763,9 +811,23 @@ def gather_glm(x, idx, {operands}):
 """
 
 
-def _glm_kernel_source(op: GatherGLMProduct, broadcast: list[bool]) -> str:
+def _coefficient_lines(bs: list[tuple[str, str, int]], error: str) -> list[str]:
+    """Kernel lines that check the coefficients ``(name, vector, ndim)`` of the predictors
+    (their length d; one column) and give each as a vector: a vector itself, a column copied
+    (``_column``). The column's index is known only at run time, as in the other kernels'
+    loops: a literal 0 would compile the column helpers a second time (for
+    ``Literal[int](0)``), ~0.2 s of a cold start."""
+    lines = []
+    for b, v, ndim in bs:
+        column = "" if ndim == 1 else f" or {b}.shape[1] != 1"
+        lines += [f"    if {b}.shape[0] != d{column}:", f"        raise ValueError({error!r})"]
+        lines.append(f"    {v} = {b}" if ndim == 1 else f"    {v} = _column({b}, {b}.shape[1] - 1)")
+    return lines
+
+
+def _glm_kernel_source(op: GatherGLMProduct, broadcast: list[bool], b_ndims: list[int]) -> str:
     """The kernel of ``op``: ``m`` predictors (``s{row}_{k}`` the row's predictor k, from
-    ``v{k}``, column of ``b{k}``) and ``K`` outputs (``w{row}_{k}`` the row's weight in the
+    ``v{k}``, ``b{k}`` as a vector) and ``K`` outputs (``w{row}_{k}`` the row's weight in the
     output ``g{k}``)."""
     m, outputs = len(op.z_positions), op.scalar_op.nout
     columns = [(f"a{k}", bc) for k, bc in enumerate(broadcast)]
@@ -801,14 +863,13 @@ def _glm_kernel_source(op: GatherGLMProduct, broadcast: list[bool]) -> str:
         "four_rows": "\n".join(_four_row_loop_head(m, observed, _no_row_lines)),
         "one_row": "\n".join(_one_row_loop_head(m, _no_row_lines)),
         "operands": ", ".join(bs + [a for a, _ in columns]),
-        "b_checks": lines(
-            4,
-            "if b{k}.shape[0] != d or b{k}.shape[1] != 1 or (rows >= 0 and d != rows):\n"
-            '        raise ValueError("GatherGLMProduct: shapes do not match")',
-            m,
+        "coefficients": "\n".join(
+            _coefficient_lines(
+                [(b, f"v{k}", ndim) for k, (b, ndim) in enumerate(zip(bs, b_ndims, strict=True))],
+                "GatherGLMProduct: shapes do not match",
+            )
         ),
         "checks": "\n".join(checks),
-        "columns": lines(4, "v{k} = _column(b{k}, first)", m),
         "zeros": lines(4, "g{k} = np.zeros(d, dtype=dtype)", outputs),
         "weights": "\n".join(" " * 8 + call(f"i + {r}", str(r)) for r in range(4)),
         "accumulate": lines(
@@ -821,7 +882,10 @@ def _glm_kernel_source(op: GatherGLMProduct, broadcast: list[bool]) -> str:
         "tail_accumulate": lines(12, "g{k}[j] += x[row, j] * wi_{k}", outputs),
         "outputs": lines(
             4,
-            "out{k} = np.empty((d, 1), dtype=dtype)\n    _set_column(out{k}, first, g{k})",
+            "out{k} = g{k}"
+            if op.vectors
+            else "out{k} = np.empty((d, 1), dtype=dtype)\n"
+            "    _set_column(out{k}, out{k}.shape[1] - 1, g{k})",
             outputs,
         ),
         "returned": ", ".join(f"out{k}" for k in range(outputs)),
@@ -856,25 +920,31 @@ def _compiled_kernel(source: str, name: str, functions: dict, key_parts, **names
 
 
 def _compiled_glm_kernel(
-    op, columns, z_positions, name, z_dtype, source, key_parts, kwargs, **names
+    op, bs, columns, z_positions, name, z_dtype, source, key_parts, kwargs, **names
 ):
-    """A GLM op's kernel: ``source(op, broadcast)`` compiled with the numba function ``f`` of
-    the op's scalar op (the predictors, of ``z_dtype``, at ``z_positions``; the op's further
-    inputs ``columns`` elsewhere, ``broadcast`` saying which of them broadcast)."""
+    """A GLM op's kernel: ``source(op, broadcast, b_ndims)`` compiled with the numba function
+    ``f`` of the op's scalar op (the predictors, of ``z_dtype``, at ``z_positions``; the op's
+    further inputs ``columns`` elsewhere, ``broadcast`` saying which of them broadcast; the
+    coefficients ``bs``, vectors or columns)."""
     dtypes = [c.type.dtype for c in columns]
     for position in sorted(z_positions):
         dtypes.insert(position, z_dtype)
     f = _scalar_function(op.scalar_op, dtypes, kwargs)
     broadcast = [bool(c.type.broadcastable[0]) for c in columns]
-    return _compiled_kernel(source(op, broadcast), name, {"f": f}, (*key_parts, broadcast), **names)
+    b_ndims = [b.type.ndim for b in bs]
+    return _compiled_kernel(
+        source(op, broadcast, b_ndims), name, {"f": f}, (*key_parts, broadcast, b_ndims), **names
+    )
 
 
 @register_funcify_and_cache_key(GatherGLMProduct)
 def _numba_gather_glm(op, node, **kwargs):
     dtype = np.dtype(node.outputs[0].dtype)
+    m = len(op.z_positions)
     return _compiled_glm_kernel(
         op,
-        node.inputs[2 + len(op.z_positions) :],
+        node.inputs[2 : 2 + m],
+        node.inputs[2 + m :],
         op.z_positions,
         "gather_glm",
         dtype.name,
@@ -895,12 +965,9 @@ def _numba_gather_glm(op, node, **kwargs):
 _GLM_SUM_KERNEL = """
 def gather_glm_sum(x, idx, b, {columns}):
     n, d, n_rows = idx.shape[0], x.shape[1], x.shape[0]
-    if b.shape[0] != d or b.shape[1] != 1:
-        raise ValueError("GatherGLMSum: shapes do not match")
+{coefficients}
     d = _opaque(d)  # the loop's length unknown to the optimiser (see _opaque)
 {checks}
-    first = b.shape[1] - 1  # a run-time index, as in gather_glm
-    v = _column(b, first)
     z = np.empty(n, dtype=v.dtype)
     for k in range(min(PREFETCH_ROWS, n)):
         _prefetch_row(x, idx[k])
@@ -919,7 +986,7 @@ def gather_glm_sum(x, idx, b, {columns}):
 """
 
 
-def _glm_sum_kernel_source(op: GatherGLMSum, broadcast: list[bool]) -> str:
+def _glm_sum_kernel_source(op: GatherGLMSum, broadcast: list[bool], b_ndims: list[int]) -> str:
     columns = [f"a{k}" for k in range(len(op.gathered))]
     values = []
     checks = []
@@ -934,7 +1001,12 @@ def _glm_sum_kernel_source(op: GatherGLMSum, broadcast: list[bool]) -> str:
             )
     values.insert(op.z_position, "z[i]")
     return _GLM_SUM_KERNEL.format(
-        columns=", ".join(columns), checks="\n".join(checks), args=", ".join(values)
+        columns=", ".join(columns),
+        checks="\n".join(checks),
+        args=", ".join(values),
+        coefficients="\n".join(
+            _coefficient_lines([("b", "v", *b_ndims)], "GatherGLMSum: shapes do not match")
+        ),
     )
 
 
@@ -942,6 +1014,7 @@ def _glm_sum_kernel_source(op: GatherGLMSum, broadcast: list[bool]) -> str:
 def _numba_gather_glm_sum(op, node, **kwargs):
     return _compiled_glm_kernel(
         op,
+        node.inputs[2:3],
         node.inputs[3:],
         (op.z_position,),
         "gather_glm_sum",
@@ -954,7 +1027,9 @@ def _numba_gather_glm_sum(op, node, **kwargs):
     )
 
 
-def _glm_rows_kernel_source(op: GatherGLMRows, broadcast: list[tuple[bool, bool]]) -> str:
+def _glm_rows_kernel_source(
+    op: GatherGLMRows, broadcast: list[tuple[bool, bool]], b_ndims: list[int]
+) -> str:
     """The kernel of :class:`GatherGLMRows`: the loops of :class:`GatherGLMProduct`'s kernel
     (four rows at a time, rows prefetched ahead), with each row's entries of ``h`` written or
     summed in place of its gradient. ``s{row}_{k}`` is the row's predictor k, ``w{row}_{k}``
@@ -1000,11 +1075,10 @@ def _glm_rows_kernel_source(op: GatherGLMRows, broadcast: list[tuple[bool, bool]
         f"def gather_glm_rows(x, idx, {', '.join([f'b{k}' for k in range(m)] + cs)}):",
         "    n, d, n_rows = idx.shape[0], x.shape[1], x.shape[0]",
     ]
-    for k in range(m):
-        lines += [
-            f"    if b{k}.shape[0] != d or b{k}.shape[1] != 1:",
-            '        raise ValueError("GatherGLMRows: shapes do not match")',
-        ]
+    lines += _coefficient_lines(
+        [(f"b{k}", f"v{k}", ndim) for k, ndim in enumerate(b_ndims)],
+        "GatherGLMRows: shapes do not match",
+    )
     for k, bc in enumerate(broadcast):
         if k in gathered:  # a vector read at x's rows
             lines += [
@@ -1020,8 +1094,6 @@ def _glm_rows_kernel_source(op: GatherGLMRows, broadcast: list[tuple[bool, bool]
         ]
     lines += [
         "    d = _opaque(d)  # the loops' length unknown to the optimiser (see _opaque)",
-        "    first = b0.shape[1] - 1  # a run-time index, as in gather_glm",
-        *(f"    v{k} = _column(b{k}, first)" for k in range(m)),
     ]
     for k, total in enumerate(op.sums):
         lines.append(
@@ -1084,11 +1156,12 @@ def _numba_gather_glm_rows(op, node, **kwargs):
         names[f"dtype{k}"] = np.dtype(var.type.dtype)
         if total is not None:
             names[f"acc{k}"] = np.dtype(total[0]).type
+    b_ndims = [b.type.ndim for b in bs]
     return _compiled_kernel(
-        _glm_rows_kernel_source(op, broadcast),
+        _glm_rows_kernel_source(op, broadcast, b_ndims),
         "gather_glm_rows",
         functions,
-        ("rows", op.weights_args, op.rows_args, op.sums, op.gathered, broadcast),
+        ("rows", op.weights_args, op.rows_args, op.sums, op.gathered, broadcast, b_ndims),
         **names,
     )
 
@@ -1111,6 +1184,7 @@ _CACHE_SALT = int(
                 _zero_constant,
                 _column,
                 _set_column,
+                _coefficient_lines,
                 _static,
                 _gather_matvec,
                 _gather_rmatvec,
@@ -1166,7 +1240,8 @@ def _transposed(var):
 def fuse_gather_dots(fgraph, node):
     """``Dot(X[idx], B)`` -> ``GatherDot(X, idx, B)``; ``Dot(X[idx].T, R)`` ->
     ``GatherTDot(X, idx, R)``, for a B or R of one column: matrix-vector products, which
-    PyTensor writes as products with a one-column matrix by this stage. With k columns the
+    PyTensor writes as products with a one-column matrix by this stage. A B that is
+    ``b[:, None]`` gives ``GatherDot`` the vector ``b``. With k columns the
     kernels read the rows k times, where one copy and a matrix-matrix product may be faster:
     left to BLAS."""
     a, b = node.inputs
@@ -1174,7 +1249,8 @@ def fuse_gather_dots(fgraph, node):
         return None
     shape = node.outputs[0].type.shape
     if (rows := _gathered_rows(a)) is not None:
-        new = GatherDot(shape)(*rows, b)
+        vector = _expanded_vector(b)
+        new = GatherDot(shape)(*rows, b if vector is None else vector)
     elif (inner := _transposed(a)) is not None and (rows := _gathered_rows(inner)) is not None:
         new = GatherTDot(shape)(*rows, b)
     else:
@@ -1249,14 +1325,37 @@ def fuse_glm_products(fgraph, node):
         return None
     bs = [z.owner.inputs[2] for z in predictors]
     columns, gathered = _read_in_place(columns, idx)
-    op = GatherGLMProduct(
-        elemwise.op.scalar_op, tuple(positions), node.outputs[0].type.shape, gathered
-    )
+    # A vector's gradient, where only its Squeeze reads the column: the vector itself, which
+    # the kernel returns without copying it into a column. numba compiled the Squeeze for
+    # 0.3-0.5 s of SGLD's cold first draw on P1.
+    squeezed = [_only_squeezed(fgraph, product) for product in products]
+    if None not in squeezed:
+        products = squeezed
+    op = GatherGLMProduct(elemwise.op.scalar_op, tuple(positions), products[0].type.shape, gathered)
     new = op(x, idx, *bs, *columns)
     new = new if isinstance(new, list) else [new]
     if any(n.type != old.type for n, old in zip(new, products, strict=True)):
         return None
     return dict(zip(products, new, strict=True))
+
+
+def _expanded_vector(var):
+    """``v`` if ``var`` is the one-column matrix ``v[:, None]`` of a vector, else None."""
+    node = var.owner
+    if node is None or not isinstance(node.op, DimShuffle) or node.op.new_order != (0, "x"):
+        return None
+    return node.inputs[0]
+
+
+def _only_squeezed(fgraph, var):
+    """``var[:, 0]`` if that is all that reads the one-column matrix ``var``, else None."""
+    clients = fgraph.clients[var]
+    if len(clients) != 1:
+        return None
+    client, _ = clients[0]
+    if not isinstance(client.op, DimShuffle) or client.op.new_order != (0,):
+        return None
+    return client.outputs[0]
 
 
 def _squeezed_gather_dot(var):

@@ -18,10 +18,11 @@ import pytensor.tensor as pt
 import pytest
 from checks import chain_from_the_mean
 from models import GaussianRegression
+from pytensor.tensor.elemwise import DimShuffle
 from pytensor.tensor.subtensor import AdvancedSubtensor
 
 import pymc_sgmcmc.base as base
-from pymc_sgmcmc import SGLD, MCCAdL
+from pymc_sgmcmc import SGHMC, SGLD, SGNHT, MCCAdL
 from pymc_sgmcmc.gather_dot import (
     GatherDot,
     GatherGLMProduct,
@@ -58,6 +59,24 @@ def fused_ops(fn) -> set[str]:
     return found_in(fn.maker.fgraph)
 
 
+def reshaped_vectors(fn) -> list[str]:
+    """The DimShuffles of a compiled function, inner graphs included, that turn a vector into
+    a column or a row, or a column or a row into a vector: each one a numba function compiled
+    at a cold start (0.1-0.5 s for those of a matrix)."""
+
+    def found_in(fgraph) -> list[str]:
+        found = []
+        for node in fgraph.apply_nodes:
+            op = node.op
+            if isinstance(op, DimShuffle) and {op.input_ndim, len(op.new_order)} == {1, 2}:
+                found.append(f"{op} of {node.inputs[0].type}")
+            for inner in getattr(op, "inner_graphs", {}).values():
+                found += found_in(inner)
+        return found
+
+    return found_in(fn.maker.fgraph)
+
+
 @pytest.mark.parametrize("dtype", ["float64", "float32"])
 @pytest.mark.parametrize("n, k", [(7, 1), (8, 3), (1, 2), (31, 1)])  # 31: rows prefetched
 def test_fused_products_equal_gather_then_product(dtype, n, k):
@@ -67,14 +86,17 @@ def test_fused_products_equal_gather_then_product(dtype, n, k):
     B = rng.standard_normal((9, k)).astype(dtype)
     R = rng.standard_normal((n, k)).astype(dtype)
     x, b, r = (pt.matrix(dtype=dtype) for _ in range(3))
-    i = pt.vector(dtype="int64")
-    outputs = [GatherDot()(x, i, b), GatherTDot()(x, i, r)]
+    i, v = pt.vector(dtype="int64"), pt.vector(dtype=dtype)
+    # A vector b stands for the column b[:, None].
+    outputs = [GatherDot()(x, i, b), GatherTDot()(x, i, r), GatherDot()(x, i, v)]
     tol = 1e-12 if dtype == "float64" else 1e-4
     for mode in ("NUMBA", "FAST_COMPILE"):  # the numba kernels and the NumPy perform
-        dot, tdot = pytensor.function([x, i, b, r], outputs, mode=mode)(X, idx, B, R)
-        assert dot.dtype == tdot.dtype == dtype
+        fn = pytensor.function([x, i, b, r, v], outputs, mode=mode)
+        dot, tdot, vector_dot = fn(X, idx, B, R, B[:, 0])
+        assert dot.dtype == tdot.dtype == vector_dot.dtype == dtype
         np.testing.assert_allclose(dot, X[idx] @ B, rtol=tol, atol=tol)
         np.testing.assert_allclose(tdot, X[idx].T @ R, rtol=tol, atol=tol)
+        np.testing.assert_allclose(vector_dot, X[idx] @ B[:, :1], rtol=tol, atol=tol)
 
 
 def test_out_of_bounds_rows_raise():
@@ -104,6 +126,15 @@ def test_static_output_shape_is_checked(mode):
         dot(X, idx, np.ones((4, 1)))  # B does not fit X's rows
     with pytest.raises(ValueError):
         tdot(X, idx, np.ones((3, 1)))  # R does not fit the minibatch
+    v = pt.vector()
+    vector_dot = pytensor.function([x, i, v], GatherDot((2, 1))(x, i, v), mode=mode)
+    np.testing.assert_allclose(vector_dot(X, idx, np.ones(3)), np.full((2, 1), 3.0))
+    with pytest.raises(ValueError):
+        vector_dot(X, idx, np.ones(4))  # b does not fit X's columns
+    with pytest.raises(ValueError):
+        vector_dot(X, np.array([0, 4, 1]), np.ones(3))  # three rows out where two were
+    with pytest.raises(TypeError):
+        GatherTDot()(x, i, v)  # only GatherDot's operand may be a vector
 
 
 def test_rewrite_replaces_the_products_of_a_minibatch_and_its_gradient():
@@ -172,6 +203,20 @@ def test_sampler_chain_is_the_same_with_and_without_the_fused_products(
     np.testing.assert_allclose(fused, plain, rtol=0, atol=1e-9 if dtype == "float64" else 1e-4)
 
 
+@pytest.mark.parametrize("sampler", [SGLD, SGNHT, SGHMC, MCCAdL])
+def test_a_block_takes_its_vectors_as_they_are(sampler):
+    """Each step's noise comes as D-vectors (a sequence per vector) and the fused force reads
+    and returns the coefficient vector itself: no DimShuffle in the block turns a vector into
+    a column or a row, or back. Before 2026-12-06 a Squeeze took the noise's row and another
+    the gradient's column (0.3 and 0.5 s of numba compiling SGLD's cold first draw on P1),
+    after an ExpandDims of the position. Left: the step sizes' column, outside the loop."""
+    problem = GaussianRegression.make(n_obs=500, dim=3, batch_size=50)
+    with problem.model():
+        step = sampler(step_size=1e-4)
+    h_seq = pt.vector(shape=(step.compiled_length,))
+    assert reshaped_vectors(step._block_function()[0]) == [f"ExpandDims{{axis=1}} of {h_seq.type}"]
+
+
 def glm_log_likelihoods(idx, w):
     """Minibatch log-likelihoods that read the data through X[idx] @ w, with data of ``w``'s
     type: a linear regression whose noise scale stays an input (a broadcast argument of f)
@@ -206,7 +251,10 @@ def test_single_pass_product_equals_the_two_products(n, dtype):
         fused = pytensor.function([idx, w], grad, mode=NUMBA)
         assert "GatherGLMProduct" in fused_ops(fused) and "GatherDot" not in fused_ops(fused)
         assert gathers(fused) == 0  # y[idx] is read in place too
+        # It reads w and returns the gradient as vectors: no column made of either.
+        assert reshaped_vectors(fused) == []
         plain = pytensor.function([idx, w], grad, mode="NUMBA")
+        assert reshaped_vectors(plain) != []  # PyTensor's products: w[:, None], g[:, 0]
         assert fused(*args).dtype == dtype
         np.testing.assert_allclose(fused(*args), plain(*args), rtol=tol, atol=tol)
         # The NumPy perform of the same op (the graph the rewrite produced).
@@ -265,6 +313,7 @@ def test_single_pass_sum_equals_the_product_then_the_sum(n, dtype):
     for logp in glm_log_likelihoods(idx, w):
         fused = pytensor.function([idx, w], logp, mode=NUMBA)
         assert fused_ops(fused) == {"GatherGLMSum"}  # no product, no copy of y[idx]
+        assert reshaped_vectors(fused) == []  # w read as it is, not as a column
         plain = pytensor.function([idx, w], logp, mode="NUMBA")
         assert fused(*args).dtype == plain(*args).dtype == dtype
         np.testing.assert_allclose(fused(*args), plain(*args), rtol=tol, atol=tol)
@@ -275,9 +324,10 @@ def test_single_pass_sum_equals_the_product_then_the_sum(n, dtype):
         np.testing.assert_allclose(python(*args), plain(*args), rtol=tol, atol=tol)
 
 
+@pytest.mark.parametrize("kind", ["column", "vector"])
 @pytest.mark.parametrize("mode", ["NUMBA", "FAST_COMPILE"])
-def test_single_pass_sum_checks_shapes_and_rows(mode):
-    x, i, b = pt.matrix(), pt.vector(dtype="int64"), pt.matrix()
+def test_single_pass_sum_checks_shapes_and_rows(mode, kind):
+    (b, B, misfit), x, i = coefficients(kind, 3), pt.matrix(), pt.vector(dtype="int64")
     column, scalar, gathered = pt.vector(), pt.vector(shape=(1,)), pt.vector()
     sa, sz, sc, sy = (ps.float64(name) for name in "azcy")
     f = ps.Composite([sa, sz, sc, sy], [sa - sz + sc * sy])  # f(a, z, c, y) = a - z + c y
@@ -285,14 +335,14 @@ def test_single_pass_sum_checks_shapes_and_rows(mode):
     fn = pytensor.function(
         [x, i, b, column, scalar, gathered], op(x, i, b, column, scalar, gathered), mode=mode
     )
-    X, idx, B = np.arange(15.0).reshape(5, 3), np.array([0, 4, -1]), np.ones((3, 1))
+    X, idx = np.arange(15.0).reshape(5, 3), np.array([0, 4, -1])
     a, c, y = np.array([2.0, 1.0, 5.0]), np.array([3.0]), np.arange(5.0) ** 2
-    z = X[idx] @ B[:, 0]
+    z = X[idx] @ B.reshape(3)
     np.testing.assert_allclose(fn(X, idx, B, a, c, y), np.sum(a - z + c * y[idx]))
     with pytest.raises(ValueError):
         fn(X, idx, B, np.ones(2), c, y)  # a vector that does not fit the minibatch
     with pytest.raises(ValueError):
-        fn(X, idx, np.ones((4, 1)), a, c, y)  # b does not fit X's columns
+        fn(X, idx, misfit, a, c, y)  # b does not fit X's columns
     with pytest.raises(IndexError):
         fn(X, np.array([0, 5, 1]), B, a, c, y)  # a row of X that is not there
     with pytest.raises(IndexError):
@@ -309,21 +359,35 @@ def test_single_pass_only_where_nothing_else_reads_the_predictor():
     assert fused_ops(fn) == {"GatherDot", "GatherTDot"}
 
 
+def coefficients(kind: str, d: int):
+    """The coefficients b of a hand-made fused op: a one-column matrix (``"column"``) or the
+    vector that ``fuse_gather_dots`` takes from ``b[:, None]`` (``"vector"``); its symbol, a
+    value of ones for X's d columns, and a value that does not fit them."""
+    if kind == "column":
+        return pt.matrix(), np.ones((d, 1)), np.ones((d + 1, 1))
+    return pt.vector(), np.ones(d), np.ones(d + 1)
+
+
+@pytest.mark.parametrize("kind", ["column", "vector"])
 @pytest.mark.parametrize("mode", ["NUMBA", "FAST_COMPILE"])
-def test_single_pass_product_checks_shapes_and_rows(mode):
-    x, i, b = pt.matrix(), pt.vector(dtype="int64"), pt.matrix()
+def test_single_pass_product_checks_shapes_and_rows(mode, kind):
+    """With a vector b, the op told a vector output shape returns the gradient as a vector."""
+    (b, B, misfit), x, i = coefficients(kind, 3), pt.matrix(), pt.vector(dtype="int64")
     column, scalar = pt.tensor(shape=(None, 1)), pt.tensor(shape=(1, 1))
-    op = GatherGLMProduct(ps.sub, (1,), (None, 1))  # f(a, z) = a - z
+    out_shape = (None, 1) if kind == "column" else (None,)
+    op = GatherGLMProduct(ps.sub, (1,), out_shape)  # f(a, z) = a - z
     out = op(x, i, b, column) * 1.0 + op(x, i, b, scalar)
+    assert out.type.ndim == len(out_shape)
     fn = pytensor.function([x, i, b, column, scalar], out, mode=mode)
-    X, idx, B = np.arange(15.0).reshape(5, 3), np.array([0, 4, -1]), np.ones((3, 1))
+    X, idx = np.arange(15.0).reshape(5, 3), np.array([0, 4, -1])
     a, c = np.full((3, 1), 2.0), np.full((1, 1), 3.0)
-    z = X[idx] @ B
-    np.testing.assert_allclose(fn(X, idx, B, a, c), X[idx].T @ ((a - z) + (c - z)))
+    z = X[idx] @ B.reshape(3, 1)
+    expected = X[idx].T @ ((a - z) + (c - z))  # a column
+    np.testing.assert_allclose(fn(X, idx, B, a, c), expected.reshape(B.shape))
     with pytest.raises(ValueError):
         fn(X, idx, B, np.ones((2, 1)), c)  # a column that does not fit the minibatch
     with pytest.raises(ValueError):
-        fn(X, idx, np.ones((4, 1)), a, c)  # b does not fit X's columns
+        fn(X, idx, misfit, a, c)  # b does not fit X's columns
     with pytest.raises(IndexError):
         fn(X, np.array([0, 5, 1]), B, a, c)
 
@@ -385,6 +449,7 @@ def test_rows_in_one_pass_equal_the_gather_and_the_elementwise_rows(n, dtype):
         python = compile_in(mode=python_mode)  # the NumPy perform of the same op
         assert fused_ops(fused) == fused_ops(python) == {"GatherGLMRows"}
         assert gathers(fused) == 0  # the rows and y are read in place, never copied
+        assert reshaped_vectors(fused) == []  # w and the anchor read as they are
         expected = plain(*args)
         for got in (fused(*args), python(*args)):
             for value, reference in zip(got, expected, strict=True):
@@ -392,11 +457,12 @@ def test_rows_in_one_pass_equal_the_gather_and_the_elementwise_rows(n, dtype):
                 np.testing.assert_allclose(value, reference, rtol=tol, atol=tol * 20)
 
 
+@pytest.mark.parametrize("kind", ["column", "vector"])
 @pytest.mark.parametrize("mode", ["NUMBA", "FAST_COMPILE"])
-def test_rows_in_one_pass_check_shapes_and_rows(mode):
+def test_rows_in_one_pass_check_shapes_and_rows(mode, kind):
     """A hand-made op: weights f(a, z) = a - z of a column a, rows h(x, w, c) = (x w + c,
     x w) of a (1, D) operand c, the second summed over the rows."""
-    x, i, b = pt.matrix(), pt.vector(dtype="int64"), pt.matrix()
+    (b, B, misfit), x, i = coefficients(kind, 3), pt.matrix(), pt.vector(dtype="int64")
     column, row = pt.tensor(shape=(None, 1)), pt.tensor(shape=(1, None))
     sx, sw, sc = (ps.float64(name) for name in "xwc")
     h = ps.Composite([sx, sw, sc], [sx * sw + sc, sx * sw])
@@ -408,9 +474,9 @@ def test_rows_in_one_pass_check_shapes_and_rows(mode):
         [None, ("float64", "float64")],
     )
     fn = pytensor.function([x, i, b, column, row], op(x, i, b, column, row), mode=mode)
-    X, idx, B = np.arange(15.0).reshape(5, 3), np.array([0, 4, -1, 2, 1]), np.ones((3, 1))
+    X, idx = np.arange(15.0).reshape(5, 3), np.array([0, 4, -1, 2, 1])
     a, c = np.arange(5.0)[:, None], np.array([[1.0, -1.0, 0.5]])
-    weighted = X[idx] * (a - X[idx] @ B)
+    weighted = X[idx] * (a - X[idx] @ B.reshape(3, 1))
     rows, total = fn(X, idx, B, a, c)
     np.testing.assert_allclose(rows, weighted + c)
     np.testing.assert_allclose(total, weighted.sum(axis=0))
@@ -419,7 +485,7 @@ def test_rows_in_one_pass_check_shapes_and_rows(mode):
     with pytest.raises(ValueError):
         fn(X, idx, B, a, np.ones((1, 4)))  # a row that does not fit X's columns
     with pytest.raises(ValueError):
-        fn(X, idx, np.ones((4, 1)), a, c)  # b does not fit X's columns
+        fn(X, idx, misfit, a, c)  # b does not fit X's columns
     with pytest.raises(IndexError):
         fn(X, np.array([0, 5, 1, 2, 3]), B, a, c)  # a row of X that is not there
 
