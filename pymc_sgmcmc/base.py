@@ -2193,8 +2193,8 @@ class SGMCMC(ArrayStepShared):
             noise_rows = indices
         # Static shapes: each step active; dynamic: the loop goes on after it (_block_function).
         active = np.arange(n_steps) < (n_steps if self.static_shapes else n_steps - 1)
-        # Each noise vector's sequence (:meth:`_block_function`), from the draws in the order
-        # of earlier versions: the same seed gives the same chain.
+        # Each noise vector's sequence (:meth:`_block_function`), cut from one array drawn as
+        # before the sequences were split: a seed gives the same noise as then.
         noise = [np.ascontiguousarray(noise[:, k]) for k in range(self.noise_vectors)]
         sequences = _padded(
             [*indices, *indices, *noise_rows, *noise, h], [active, wanted, stored_flags], length
