@@ -924,10 +924,10 @@ class SGMCMC(ArrayStepShared):
         def one_step(*args):
             idx_t, logp_idx_t = list(args[:n_idx]), list(args[n_idx : 2 * n_idx])
             noise_idx = {"noise_indices": list(args[2 * n_idx : n_all])} if noise_index_seqs else {}
-            n_seqs = n_all + len(noise_seqs) + 4
-            noise_t = list(args[n_all : n_seqs - 4])
-            h_t, active_t, logp_t, stored_t = args[n_seqs - 4 : n_seqs]
-            state = dict(zip(names, args[n_seqs:], strict=True))
+            n_noise = n_all + len(noise_seqs)
+            noise_t = list(args[n_all:n_noise])
+            h_t, active_t, logp_t, stored_t = args[n_noise : n_noise + 4]
+            state = dict(zip(names, args[n_noise + 4 :], strict=True))
             step = self.integrate(state, idx_t, noise_t, h_t, **noise_idx)
             draw_stats = step.draw_stats or {}
             stat_names[:] = [*step.stats, *draw_stats]

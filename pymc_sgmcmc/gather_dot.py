@@ -148,7 +148,7 @@ class GatherDot(_GatherProduct):
 
     @staticmethod
     def _numpy(x, idx, b):
-        return x[idx] @ (b if b.ndim == 2 else b[:, None])
+        return x[idx] @ _as_column(b)
 
 
 class GatherTDot(_GatherProduct):
