@@ -91,6 +91,7 @@ from pymc_sgmcmc.numba_compile import (
     interrupts_as_such,
     lean_cache_wrappers,
     plain_assignment_errors,
+    with_inverse_dimshuffles_dropped,
 )
 from pymc_sgmcmc.python_mode import has_scalar_loop, one_off_mode
 from pymc_sgmcmc.rewrite_cache import compile_pymc_function
@@ -1009,7 +1010,11 @@ class SGMCMC(ArrayStepShared):
         kwargs = {
             **kwargs,
             "mode": for_jax(
-                with_kept_branches(with_covariance_kernels(with_gather_dot(kwargs.get("mode"))))
+                with_kept_branches(
+                    with_inverse_dimshuffles_dropped(
+                        with_covariance_kernels(with_gather_dot(kwargs.get("mode")))
+                    )
+                )
             ),
             "allow_input_downcast": True,
         }

@@ -644,6 +644,55 @@ def test_block_step_compiles_once_when_a_state_comes_back_as_a_view(monkeypatch)
     assert compiled["numba_scan"] == 1
 
 
+def _inverse_dimshuffle_pairs(fgraph) -> list[str]:
+    """The ``DimShuffle(DimShuffle(x))`` of a graph and its inner graphs that give back x."""
+    from pytensor.tensor.elemwise import DimShuffle
+
+    found = []
+    for node in fgraph.apply_nodes:
+        inner = node.inputs[0].owner if node.inputs else None
+        if isinstance(node.op, DimShuffle) and inner and isinstance(inner.op, DimShuffle):
+            if node.outputs[0].type == inner.inputs[0].type:
+                found.append(f"{node.op}({inner.op}) of {inner.inputs[0].type}")
+        for graph in getattr(node.op, "inner_graphs", {}).values():
+            found += _inverse_dimshuffle_pairs(graph)
+    return found
+
+
+def test_length_one_views_of_scalars_are_read_as_the_scalars():
+    # PyTensor's scalarize rewrite reads an elementwise operation on length-1 vectors as one on
+    # scalars through Squeeze; where the vector was ExpandDims of a 0-d input the two views
+    # undo each other, and numba compiled the 0-d Squeeze and a strided view for them.
+    import pytensor
+    from pytensor.graph.fg import FunctionGraph
+
+    from pymc_sgmcmc.numba_compile import drop_inverse_dimshuffles, with_inverse_dimshuffles_dropped
+
+    a, b = pt.scalar("a"), pt.scalar("b")
+    v = pt.vector("v", shape=(3,))
+    outputs = [(a * b) * v, pt.exp(a) * b * v + pt.sum(v * v) * a]
+    plain = pytensor.function([a, b, v], outputs, mode="NUMBA")
+    dropped = pytensor.function([a, b, v], outputs, mode=with_inverse_dimshuffles_dropped("NUMBA"))
+    assert _inverse_dimshuffle_pairs(plain.maker.fgraph) != []
+    assert _inverse_dimshuffle_pairs(dropped.maker.fgraph) == []
+    args = (0.5, -3.0, np.arange(3.0))
+    for got, expected in zip(dropped(*args), plain(*args), strict=True):
+        np.testing.assert_array_equal(got, expected)
+    # A chain that is not the identity stays as it is (merged, it would be a new kind).
+    chain = v[None, :].T
+    fgraph = FunctionGraph([v], [chain], clone=False)
+    assert drop_inverse_dimshuffles.transform(fgraph, chain.owner) is None
+
+
+@pytest.mark.parametrize("sampler", [SGNHT, MCCAdL])
+def test_no_pair_of_views_undoing_each_other_is_left_in_a_block(sampler):
+    # Three Squeeze(ExpandDims) per step of SGNHT and mCCAdL (the thermostat and step sizes
+    # read as scalars) before 2026-12-06: five more numba functions at a cold start.
+    with small_problem().model():
+        step = sampler(step_size=1e-2, thin=2)
+    assert _inverse_dimshuffle_pairs(step._block_function()[0].maker.fgraph) == []
+
+
 def test_covariance_loops_call_blas_with_c_contiguous_operands_only():
     # numba compiles PyTensor's BLAS wrapper (the Dot op) once per combination of its operands'
     # array layouts: ~1 s for C-contiguous ones, 3-4 s for one that numba types as "A". The
