@@ -645,7 +645,8 @@ def test_block_step_compiles_once_when_a_state_comes_back_as_a_view(monkeypatch)
 
 
 def _inverse_dimshuffle_pairs(fgraph) -> list[str]:
-    """The ``DimShuffle(DimShuffle(x))`` of a graph and its inner graphs that give back x."""
+    """The ``DimShuffle(DimShuffle(x))`` of a graph and its inner graphs whose type is x's:
+    those that give back x, and any other chain back to x's type."""
     from pytensor.tensor.elemwise import DimShuffle
 
     found = []
