@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import arviz as az
@@ -40,6 +41,15 @@ class GaussianCheck:
             f"var_z={np.round(self.var_z, 4)} ({np.round(self.var_errors, 2)} se), "
             f"ESS mean={np.round(self.ess_mean)}, ESS var={np.round(self.ess_var)}"
         )
+
+
+def graph_nodes(fgraph) -> Iterator:
+    """Every node of a function graph and of the graphs nested in its ops (a scan's step, a
+    lazy branch's sides, a fused op's graph), which list them as ``inner_graphs``."""
+    for node in fgraph.apply_nodes:
+        yield node
+        for inner in getattr(node.op, "inner_graphs", {}).values():
+            yield from graph_nodes(inner)
 
 
 def gaussian_check(draws: np.ndarray, mean: np.ndarray, cov: np.ndarray) -> GaussianCheck:

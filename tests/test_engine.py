@@ -15,6 +15,7 @@ import pymc as pm
 import pytensor.tensor as pt
 import pytest
 import scipy.stats
+from checks import graph_nodes
 from models import GaussianRegression
 
 from pymc_sgmcmc import SGLD, SGNHT, MCCAdL
@@ -650,13 +651,11 @@ def _inverse_dimshuffle_pairs(fgraph) -> list[str]:
     from pytensor.tensor.elemwise import DimShuffle
 
     found = []
-    for node in fgraph.apply_nodes:
+    for node in graph_nodes(fgraph):
         inner = node.inputs[0].owner if node.inputs else None
         if isinstance(node.op, DimShuffle) and inner and isinstance(inner.op, DimShuffle):
             if node.outputs[0].type == inner.inputs[0].type:
                 found.append(f"{node.op}({inner.op}) of {inner.inputs[0].type}")
-        for graph in getattr(node.op, "inner_graphs", {}).values():
-            found += _inverse_dimshuffle_pairs(graph)
     return found
 
 

@@ -16,7 +16,7 @@ import pytensor
 import pytensor.scalar as ps
 import pytensor.tensor as pt
 import pytest
-from checks import chain_from_the_mean
+from checks import chain_from_the_mean, graph_nodes
 from models import GaussianRegression
 from pytensor.tensor.elemwise import DimShuffle
 from pytensor.tensor.subtensor import AdvancedSubtensor
@@ -46,17 +46,8 @@ def fused_ops(fn) -> set[str]:
     """Names of the fused ops in a compiled function, inner graphs (the scan's, the lazy
     log-density branch's) included."""
 
-    def found_in(fgraph) -> set[str]:
-        found = set()
-        for node in fgraph.apply_nodes:
-            if isinstance(node.op, FUSED):
-                found.add(type(node.op).__name__)
-            # Scan, OpFromGraph and LazyIfElse all list their inner graphs here.
-            for inner in getattr(node.op, "inner_graphs", {}).values():
-                found |= found_in(inner)
-        return found
-
-    return found_in(fn.maker.fgraph)
+    nodes = graph_nodes(fn.maker.fgraph)
+    return {type(node.op).__name__ for node in nodes if isinstance(node.op, FUSED)}
 
 
 def reshaped_vectors(fn) -> list[str]:
@@ -64,17 +55,12 @@ def reshaped_vectors(fn) -> list[str]:
     a column or a row, or a column or a row into a vector: each one a numba function compiled
     at a cold start (0.1-0.5 s for those of a matrix)."""
 
-    def found_in(fgraph) -> list[str]:
-        found = []
-        for node in fgraph.apply_nodes:
-            op = node.op
-            if isinstance(op, DimShuffle) and {op.input_ndim, len(op.new_order)} == {1, 2}:
-                found.append(f"{op} of {node.inputs[0].type}")
-            for inner in getattr(op, "inner_graphs", {}).values():
-                found += found_in(inner)
-        return found
-
-    return found_in(fn.maker.fgraph)
+    return [
+        f"{node.op} of {node.inputs[0].type}"
+        for node in graph_nodes(fn.maker.fgraph)
+        if isinstance(node.op, DimShuffle)
+        and {node.op.input_ndim, len(node.op.new_order)} == {1, 2}
+    ]
 
 
 @pytest.mark.parametrize("dtype", ["float64", "float32"])

@@ -11,7 +11,13 @@ import numpy as np
 import pymc as pm
 import pytensor
 import pytest
-from checks import Z_TOLERANCE, chain_from_the_mean, gaussian_check, posterior_draws
+from checks import (
+    Z_TOLERANCE,
+    chain_from_the_mean,
+    gaussian_check,
+    graph_nodes,
+    posterior_draws,
+)
 from models import GaussianRegression, rare_level_logistic
 from pytensor.scan.op import Scan
 
@@ -82,18 +88,14 @@ def float64_arrays_in_steps(block) -> set[str]:
         kind = var.type
         return getattr(kind, "dtype", "") == "float64" and any(s != 1 for s in kind.shape)
 
-    def found_in(fgraph) -> set[str]:
-        found = set()
-        for node in fgraph.apply_nodes:
-            if any(is_float64_array(o) for o in node.outputs):
-                found.add(str(node.op))
-            for inner in getattr(node.op, "inner_graphs", {}).values():
-                found |= found_in(inner)
-        return found
-
     scans = [n for n in block.maker.fgraph.apply_nodes if isinstance(n.op, Scan)]
     assert scans, "the block is one scan over its steps"
-    return set().union(*(found_in(n.op.fgraph) for n in scans))
+    return {
+        str(node.op)
+        for scan in scans
+        for node in graph_nodes(scan.op.fgraph)
+        if any(is_float64_array(o) for o in node.outputs)
+    }
 
 
 #: Samplers whose float32 test runs only with ``make test-slow``: each compiles its float32
