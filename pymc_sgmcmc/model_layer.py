@@ -532,6 +532,10 @@ class SharedParameters(NamedTuple):
     rvs_to_transforms: dict[Variable, object]
     #: The shared variables, in the order of the graph.
     parameters: list[SharedVariable]
+    #: The log-density terms of the copies of the variables read in full at every step (the
+    #: free variables and the observations without ``pm.Minibatch``), in their order: derived
+    #: once, by the check that PyMC takes the numbers shared.
+    fixed_terms: list[Variable]
 
 
 def _constant_value(var: Variable) -> np.ndarray | None:
@@ -609,53 +613,94 @@ def _with_copies(mapping: dict, copies: dict[Variable, Variable]) -> dict:
     return {copies.get(var, var): entry for var, entry in mapping.items()}
 
 
-def _log_densities_take(
-    rvs: Sequence[Variable], numbers: dict[Variable, SharedVariable], model: pm.Model
-) -> bool:
-    """Whether PyMC derives the log-densities of ``rvs`` rebuilt with ``numbers`` shared, for
-    the same types of variable. Some distributions need a number as a constant:
-    ``pm.Interpolated`` reads its points' values, ``pm.ZeroSumNormal``'s and
-    ``pm.LKJCholeskyCov``'s sizes and ``pm.StickBreakingWeights``'s ``K`` are integers that fix
-    shapes, and so may a number in a ``pm.CustomDist``'s ``logp``. Their errors differ (a
-    ``TypeError``, an ``AttributeError``, the ``logp``'s own), hence the broad ``except``: a
-    distribution that fails here keeps its numbers as constants, and any error of its own is
-    raised where its term is derived."""
+def _copies(
+    model: pm.Model, terms: Sequence[Variable], numbers: dict[Variable, SharedVariable]
+) -> SharedParameters:
+    """``terms`` rebuilt with ``numbers`` shared (:func:`_rebuild`), and the model's values
+    and transforms keyed by the copies; their log-density terms are left to be derived."""
+    copies = dict(zip(terms, _rebuild(terms, numbers) if numbers else terms, strict=True))
+    return SharedParameters(
+        copies=copies,
+        rvs_to_values=_with_copies(model.rvs_to_values, copies),
+        rvs_to_transforms=_with_copies(model.rvs_to_transforms, copies),
+        parameters=list(numbers.values()),
+        fixed_terms=[],
+    )
+
+
+def _log_densities(shared: SharedParameters, rvs: Sequence[Variable]) -> list[Variable]:
+    """The log-density terms of the copies of ``rvs``, derived together as ``model.logp``
+    derives them: each variable's density given the values of the others."""
+    if not rvs:
+        return []
+    return transformed_conditional_logp(
+        [shared.copies[rv] for rv in rvs],
+        rvs_to_values=shared.rvs_to_values,
+        rvs_to_transforms=shared.rvs_to_transforms,
+    )
+
+
+def _with_numbers_taken(
+    model: pm.Model,
+    terms: Sequence[Variable],
+    numbers: dict[Variable, SharedVariable],
+    rvs: Sequence[Variable],
+) -> SharedParameters | None:
+    """The copies of ``terms`` with ``numbers`` shared (:func:`_copies`) and the log-density
+    terms of the copies of ``rvs``; None if PyMC does not derive them so, or a copy's type
+    changed. Some distributions need a number as a constant: ``pm.Interpolated`` reads its
+    points' values, ``pm.ZeroSumNormal``'s and ``pm.LKJCholeskyCov``'s sizes and
+    ``pm.StickBreakingWeights``'s ``K`` are integers that fix shapes, and so may a number in a
+    ``pm.CustomDist``'s ``logp``. Their errors differ (a ``TypeError``, an
+    ``AttributeError``, the ``logp``'s own), hence the broad ``except``: a distribution that
+    fails here keeps its numbers as constants, and any error of its own is raised where its
+    term is derived without them (:func:`share_parameters`)."""
     try:
-        copies = dict(zip(rvs, _rebuild(rvs, numbers), strict=True))
-        if any(copy.type != rv.type for rv, copy in copies.items()):
-            return False
-        transformed_conditional_logp(
-            list(copies.values()),
-            rvs_to_values=_with_copies(model.rvs_to_values, copies),
-            rvs_to_transforms=_with_copies(model.rvs_to_transforms, copies),
-        )
+        shared = _copies(model, terms, numbers)
+        if any(copy.type != term.type for term, copy in shared.copies.items()):
+            return None
+        return shared._replace(fixed_terms=_log_densities(shared, rvs))
     except Exception:
-        return False
-    return True
+        return None
 
 
 def _numbers_each_distribution_takes(
     model: pm.Model, numbers: dict[Variable, SharedVariable]
 ) -> dict[Variable, SharedVariable]:
     """The ``numbers`` whose free variables' log-densities, each taken alone, take them
-    shared (:func:`_log_densities_take`); a number two variables read, only if both do."""
+    shared (:func:`_with_numbers_taken`); a number two variables read, only if both do."""
     free = set(model.free_RVs)
     taken, kept = {}, set()
     for rv in model.free_RVs:
         ancestry = toposort([rv], blockers=free - {rv})
         own = {var: numbers[var] for node in ancestry for var in node.inputs if var in numbers}
-        if own and _log_densities_take([rv], own, model):
+        if own and _with_numbers_taken(model, [rv], own, [rv]) is not None:
             taken.update(own)
         else:
             kept.update(own)
     return {var: number for var, number in taken.items() if var not in kept}
 
 
-def share_parameters(model: pm.Model, dtype: str) -> SharedParameters:
+def _prior_numbers(model: pm.Model, dtype: str) -> dict[Variable, SharedVariable]:
+    """Each number given as a parameter of a free variable's distribution -> a shared
+    variable holding it in ``dtype`` (:func:`_shared_number`)."""
+    shared: dict[Variable, SharedVariable] = {}
+    for node in toposort(model.free_RVs):
+        for var in _distribution_parameters(node):
+            number = None if var in shared else _shared_number(var, dtype)
+            if number is not None:
+                shared[var] = number
+    return shared
+
+
+def share_parameters(
+    model: pm.Model, dtype: str, fixed_rvs: Sequence[Variable]
+) -> SharedParameters:
     """Copies of the model's terms in which the numbers given as the priors' parameters
     (``pm.Normal("w", 0, 10)``'s two, ``pm.Exponential("s", 1)``'s scale ``1 / 1``, an array
     of prior scales, a prior covariance) are shared variables holding the same values, in the
-    model's precision ``dtype`` (:func:`_shared_number`).
+    model's precision ``dtype`` (:func:`_shared_number`), and the log-density terms of the
+    copies of ``fixed_rvs`` (the free variables and the observations read in full).
 
     The compiled blocks then read these numbers as inputs instead of compiling them in: a
     model that differs only in them (a prior's scale changed between two runs, ``10`` ->
@@ -669,7 +714,8 @@ def share_parameters(model: pm.Model, dtype: str) -> SharedParameters:
     that rounding (3e-8 relative on a ``pm.HalfCauchy("s", 5)``), and an int8 sum that
     overflows in PyMC does not here (``pm.Beta("p", 100, 100)``'s log-density is NaN in
     PyMC 6.4). A distribution whose log-density needs its numbers as constants keeps them
-    (:func:`_log_densities_take`).
+    (:func:`_with_numbers_taken`): if PyMC fails on the copies, each free variable's
+    distribution is tried alone.
 
     The likelihood's numbers stay constants: the step computes with them once per minibatch
     row, where folding them matters (shared, P1's ``sigma=1.0`` made mCCAdL's and NOGIN's
@@ -678,21 +724,16 @@ def share_parameters(model: pm.Model, dtype: str) -> SharedParameters:
     use (``x ** 2`` -> ``sqr(x)``).
     """
     terms = [*model.free_RVs, *model.observed_RVs, *model.potentials]
-    shared: dict[Variable, SharedVariable] = {}
-    for node in toposort(model.free_RVs):
-        for var in _distribution_parameters(node):
-            number = None if var in shared else _shared_number(var, dtype)
-            if number is not None:
-                shared[var] = number
-    if shared and not _log_densities_take(model.free_RVs, shared, model):
-        shared = _numbers_each_distribution_takes(model, shared)
-    copies = dict(zip(terms, _rebuild(terms, shared) if shared else terms, strict=True))
-    return SharedParameters(
-        copies=copies,
-        rvs_to_values=_with_copies(model.rvs_to_values, copies),
-        rvs_to_transforms=_with_copies(model.rvs_to_transforms, copies),
-        parameters=list(shared.values()),
-    )
+    numbers = _prior_numbers(model, dtype)
+    if numbers:
+        # The check that PyMC takes the numbers shared derives the terms kept: deriving them
+        # twice cost 60-100 ms of a step's construction (P1-P3, 2026-12-06).
+        shared = _with_numbers_taken(model, terms, numbers, fixed_rvs)
+        if shared is not None:
+            return shared
+        numbers = _numbers_each_distribution_takes(model, numbers)
+    shared = _copies(model, terms, numbers)
+    return shared._replace(fixed_terms=_log_densities(shared, fixed_rvs))
 
 
 def without_passed_checks(
@@ -797,8 +838,8 @@ class SGModel:
         #: model built under ``floatX="float32"``): the log-density graphs derived here, and
         #: the samplers' state, noise and arithmetic, use it too.
         self.dtype = upcast(*(v.type.dtype for v in self.value_vars))
-        self.shared_parameters = share_parameters(model, self.dtype)
         with pytensor.config.change_flags(floatX=self.dtype):
+            self.shared_parameters = share_parameters(model, self.dtype, self._fixed_rvs)
             self._build_graphs()
 
     # ------------------------------------------------------------------ graph construction
@@ -827,7 +868,7 @@ class SGModel:
                     "every batch. Only observed variables may read minibatch data."
                     + _minibatch_deterministic_fix(rv, model)
                 )
-        self._fixed_terms = [*model.free_RVs, *fixed_obs, *model.potentials]
+        self._fixed_rvs = [*model.free_RVs, *fixed_obs]
 
     def _slice_replacements(self, rows, graphs: Sequence[Variable]) -> dict[Variable, Variable]:
         """Map every minibatch output in ``graphs`` to ``rows(k, j, data)``: the rows of data
@@ -910,15 +951,10 @@ class SGModel:
         without ``pm.Minibatch``, potentials), summed in their order as ``model.logp`` does,
         from the copies with shared parameters (:func:`share_parameters`)."""
         shared = self.shared_parameters
-        potentials = set(self.model.potentials)
-        rvs = [shared.copies[t] for t in self._fixed_terms if t not in potentials]
-        mappings = {
-            "rvs_to_values": shared.rvs_to_values,
-            "rvs_to_transforms": shared.rvs_to_transforms,
-        }
-        terms = transformed_conditional_logp(rvs=rvs, **mappings) if rvs else []
-        terms += replace_rvs_by_values(
-            [shared.copies[t] for t in self._fixed_terms if t in potentials], **mappings
+        terms = shared.fixed_terms + replace_rvs_by_values(
+            [shared.copies[t] for t in self.model.potentials],
+            rvs_to_values=shared.rvs_to_values,
+            rvs_to_transforms=shared.rvs_to_transforms,
         )
         sums = [pt.as_tensor(term, allow_xtensor_conversion=True).sum() for term in terms]
         return variadic_add(*sums) if sums else pt.constant(0.0)
