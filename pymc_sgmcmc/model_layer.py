@@ -727,7 +727,7 @@ def share_parameters(
     numbers = _prior_numbers(model, dtype)
     if numbers:
         # The check that PyMC takes the numbers shared derives the terms kept: deriving them
-        # twice cost 60-100 ms of a step's construction (P1-P3, 2026-12-06).
+        # twice cost 55-75 ms of a step's construction (P1-P3, 2026-12-06).
         shared = _with_numbers_taken(model, terms, numbers, fixed_rvs)
         if shared is not None:
             return shared

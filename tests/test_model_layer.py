@@ -1054,7 +1054,7 @@ def test_the_distributions_numbers_are_inputs_of_the_graphs_not_constants():
 def test_each_term_read_in_full_is_derived_once(monkeypatch):
     # The check that PyMC takes the priors' numbers shared derives the log-density terms that
     # the step keeps (the priors' and a fully observed variable's): deriving them again cost
-    # 60-100 ms of a step's construction on P1-P3. The minibatch likelihood is derived twice,
+    # 55-75 ms of a step's construction on P1-P3. The minibatch likelihood is derived twice,
     # for a batch of n rows and for one row.
     derived = []
 
