@@ -45,7 +45,6 @@ from pymc.step_methods.arraystep import ArrayStepShared
 from pymc.step_methods.compound import Competence, StepMethodState
 from pymc.step_methods.state import dataclass_state
 from pymc.util import get_value_vars_from_user_vars
-from pytensor import config
 from pytensor.compile.mode import get_mode
 from pytensor.conditional.op import ifelse
 from pytensor.link.jax.linker import JAXLinker
@@ -82,6 +81,7 @@ from pymc_sgmcmc.model_layer import (
     PreconditionedTarget,
     Preconditioner,
     SGModel,
+    building_graphs,
     moving_average,
     non_centred_products,
 )
@@ -197,9 +197,8 @@ def positive(name: str, value: Any) -> float:
 
 
 def _in_model_dtype(method):
-    """Build a sampler's graphs with PyTensor's ``floatX`` set to the model's float type: new
-    inputs and constants from Python numbers then take that type, so a float32 model
-    (built under ``floatX="float32"``) runs in float32 throughout."""
+    """Build a sampler's graphs with PyTensor's ``floatX`` set to the model's float type
+    (:func:`~pymc_sgmcmc.model_layer.building_graphs`)."""
 
     @functools.wraps(method)
     def in_model_dtype(self, *args, **kwargs):
@@ -207,7 +206,7 @@ def _in_model_dtype(method):
             # PyTensor's JAX dispatch sets JAX's process-wide float64 switch from floatX when
             # first imported: imported here, under the user's floatX, not the model's.
             import pytensor.link.jax.dispatch  # noqa: F401
-        with config.change_flags(floatX=self.dtype):
+        with building_graphs(self.dtype):
             return method(self, *args, **kwargs)
 
     return in_model_dtype

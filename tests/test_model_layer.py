@@ -1216,3 +1216,15 @@ def test_a_parameter_check_that_holds_is_dropped_and_one_that_fails_stays():
     np.testing.assert_allclose(fn(np.array([1.0])), -0.125 - np.log(2 * np.sqrt(2 * np.pi)))
     failed, _ = checks(-2.0)
     assert failed and all(n.op.msg == "sigma > 0" for n in failed)
+
+
+def test_the_steps_graphs_carry_no_creation_trace_and_the_models_keep_theirs():
+    # Recording eight frames per new variable was a fifth of a step's construction; the
+    # model's variables, created by the user, keep their traces for PyTensor's messages.
+    limit = pytensor.config.traceback__limit
+    with pm.Model() as model:
+        w = pm.Normal("w", 0.0, 2.0)
+        sg = SGModel(model, model.value_vars)
+    assert limit > 0 and pytensor.config.traceback__limit == limit
+    assert w.tag.trace
+    assert not sg.logp.tag.trace and not sg.force.tag.trace
