@@ -197,8 +197,8 @@ def positive(name: str, value: Any) -> float:
 
 
 def _in_model_dtype(method):
-    """Build a sampler's graphs with PyTensor's ``floatX`` set to the model's float type
-    (:func:`~pymc_sgmcmc.model_layer.building_graphs`)."""
+    """Build a sampler's graphs under :func:`~pymc_sgmcmc.model_layer.building_graphs`:
+    PyTensor's ``floatX`` set to the model's float type, and no creation traces."""
 
     @functools.wraps(method)
     def in_model_dtype(self, *args, **kwargs):

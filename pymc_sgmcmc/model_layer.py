@@ -561,32 +561,31 @@ def _python_values(outputs: Sequence[Variable], leaves: dict[Variable, np.ndarra
 
     A few scalar operations cost microseconds this way, where compiling a function for them
     cost about 20 ms (P1-P3, 2026-12-07)."""
+    # Checked first, so that nothing is computed for a graph that reads anything else.
+    if any(not isinstance(v, Constant) and v not in leaves for v in graph_inputs(outputs)):
+        return None
     values: dict[Variable, object] = dict(leaves)
 
-    def known(var: Variable) -> bool:
-        if var not in values and isinstance(var, Constant):
-            values[var] = var.data
-        return var in values
+    def value(var: Variable) -> object:
+        return values[var] if var in values else var.data  # else a constant
 
     for node in toposort(outputs):
         # An op that overwrites an input would overwrite a leaf's value (never in the
         # unrewritten graphs PyMC builds).
-        if not all(known(var) for var in node.inputs) or node.op.destroy_map:
+        if node.op.destroy_map:
             return None
         out = [[None] for _ in node.outputs]
         try:
             # prepare_node gives the node the NumPy ufunc's signature (its output type): an
             # op's ufunc set up for another node computed a reciprocal of int8 3 as the int8 0.
             node.op.prepare_node(node, None, None, "py")
-            node.op.perform(node, [values[var] for var in node.inputs], out)
+            node.op.perform(node, [value(var) for var in node.inputs], out)
         except Exception:  # no Python implementation (perform or impl)
             return None
-        for var, (value,) in zip(node.outputs, out, strict=True):
+        for var, (result,) in zip(node.outputs, out, strict=True):
             dtype = getattr(var.type, "dtype", None)  # a slice's or a scalar's type has none
-            values[var] = value if dtype is None else np.asarray(value, dtype=dtype)
-    if not all(known(var) for var in outputs):
-        return None
-    return [values[var] for var in outputs]
+            values[var] = result if dtype is None else np.asarray(result, dtype=dtype)
+    return [value(var) for var in outputs]
 
 
 def _constant_value(var: Variable) -> np.ndarray | None:
@@ -783,16 +782,13 @@ def passed_checks(
     it compiled a function; with shared variables it cannot, and each block compiled and ran
     the comparisons (nine more ops on P1 while its likelihood's number was shared too). A
     check that fails stays, as it stayed before: the log-density is -inf. So does one that
-    cannot be computed in Python (:func:`_python_values`)."""
-    held = {*parameters}
+    cannot be computed in Python (:func:`_python_values`), and one that reads anything else
+    (a value variable, data), for which that gives None."""
     leaves = {p: p.get_value(borrow=True) for p in parameters}
     passed = {}
     for node in toposort(outputs):
-        if not isinstance(node.op, CheckParameterValue):
-            continue
-        conditions = node.inputs[1:]
-        if all(isinstance(i, Constant) or i in held for i in graph_inputs(conditions)):
-            values = _python_values(conditions, leaves)
+        if isinstance(node.op, CheckParameterValue):
+            values = _python_values(node.inputs[1:], leaves)
             if values is not None and all(np.all(v) for v in values):
                 passed[node.outputs[0]] = node.inputs[0]
     return passed
