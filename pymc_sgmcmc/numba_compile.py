@@ -26,8 +26,9 @@ alternated on a host about twice as slow as the one above (2026-12-03): SGLD 19.
 against 21.2 / 23.0 s (warm unchanged, 2.4-2.5 s), mCCAdL 34.9 against 38.1 s, NOGIN 26.9
 against 31.9 s, SGNHT 25.2 against 26.3 s, CCAdL 22.8 against 26.6 s; the same draws, and the
 blocks' steps as fast. Numba cannot inline a call with more than 30 arguments
-(:data:`_MAX_INLINED_ARGUMENTS`), which stays a call: mCCAdL's block with ``covariance="full"``
-keeps its loop as a function of its own, and a model with many variables its step.
+(:data:`_MAX_INLINED_ARGUMENTS`), so a scan and its step that take more (a model with a few
+free variables, each prior's numbers an input of the loop; mCCAdL's block with
+``covariance="full"``) take them as tuples of at most 30 (:func:`_with_packed_arguments`).
 
 A leaf op's wrapper, too, no longer calls the op's function but inlines it
 (:func:`_leaf_with_its_function_inlined`): the wrapper, cached under the op's key as before, is
@@ -113,10 +114,12 @@ constant (``_opaque``): vectorised alike wherever they are optimised.
 
 from __future__ import annotations
 
+import ast
 import hashlib
 import inspect
 import re
 import types
+import weakref
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
@@ -129,6 +132,7 @@ import pytensor.link.numba.dispatch.elemwise as numba_elemwise
 import pytensor.link.numba.dispatch.random as numba_random
 import pytensor.link.numba.dispatch.scan as numba_scan
 import pytensor.link.numba.dispatch.vectorize_codegen as numba_vectorize
+import pytensor.link.utils as link_utils
 from numba.core import types as nbtypes
 from numba.extending import overload
 from pytensor.compile import optdb
@@ -238,8 +242,8 @@ _EPILOGUE = re.compile(r"(\n        i \+= 1\n)\n    if .*?\n(    return )", re.S
 _TRACE_STORE = re.compile(r"^(\s*\w+_storage\[[^\n]*\] = )inner_out_(\d+)$", re.M)
 #: Salts the scan's cache key: its source now differs from the one PyTensor keys it by, and
 #: its step is inlined (3; retires the blocks cached with the step as a function of its own;
-#: 4: scalar outputs read with ``[()]``).
-_SCAN_SOURCE_VERSION = "inlined-4"
+#: 4: scalar outputs read with ``[()]``; 5: more than 30 arguments passed as tuples).
+_SCAN_SOURCE_VERSION = "inlined-5"
 #: The name of the scan of a sampler's block (:mod:`pymc_sgmcmc.base`).
 BLOCK_SCAN_NAME = "sgmcmc_block"
 
@@ -295,11 +299,16 @@ def _scan_source_rewrite(
     outer = numba_scan.compile_numba_function_src
 
     def compile_rewritten(src, name, global_env, *args, **kwargs):
-        if name == "scan":
-            src = _scan_source(src, drop_epilogue, scalar_outputs)
-            step = _inlined(global_env["scan_inner_func"], step_arguments)
-            global_env = {**global_env, "stable_state": stable_state, "scan_inner_func": step}
-        return _compile_numba_function_src(src, name, global_env, *args, **kwargs)
+        if name != "scan":
+            return _compile_numba_function_src(src, name, global_env, *args, **kwargs)
+        src = _scan_source(src, drop_epilogue, scalar_outputs)
+        step = _inlined(global_env["scan_inner_func"], step_arguments)
+        global_env = {**global_env, "stable_state": stable_state, "scan_inner_func": step}
+        src, packed = _with_packed_arguments(src, name, global_env)
+        fn = _compile_numba_function_src(src, name, global_env, *args, **kwargs)
+        if packed:
+            _PACKED.add(fn)
+        return fn
 
     numba_scan.compile_numba_function_src = compile_rewritten
     try:
@@ -361,12 +370,13 @@ def _inlined(fn: Callable, arguments: int | None) -> Callable:
     caller: numba inlines its IR before typing (``inline="always"``) instead of compiling it
     as a function of its own, which LLVM would optimise and emit again in each caller above
     it (module docstring). ``fn`` itself if it is called with too many arguments to inline
-    (or ``arguments`` is ``None``), is no numba dispatcher, or takes ``*args`` (numba's
+    and does not take them as tuples (:func:`_with_packed_arguments`; or ``arguments`` is
+    ``None``), is no numba dispatcher, or takes ``*args`` (numba's
     inliner does not: "Stararg not supported in inliner", as in PyTensor's ``CheckAndRaise``
     and ``Join``)."""
-    if arguments is None or arguments > _MAX_INLINED_ARGUMENTS:
+    if arguments is None or not isinstance(fn, numba.core.dispatcher.Dispatcher):
         return fn
-    if not isinstance(fn, numba.core.dispatcher.Dispatcher):
+    if arguments > _MAX_INLINED_ARGUMENTS and not _takes_tuples(fn):
         return fn
     if fn.py_func.__code__.co_flags & inspect.CO_VARARGS:
         return fn
@@ -375,6 +385,75 @@ def _inlined(fn: Callable, arguments: int | None) -> Callable:
     # njit sets nopython itself, and warns if it is passed.
     options = {k: v for k, v in fn.targetoptions.items() if k != "nopython"}
     return numba.njit(fn.py_func, **options, inline="always")
+
+
+#: The generated functions (a scan, a scan's step) whose more than
+#: :data:`_MAX_INLINED_ARGUMENTS` arguments are passed as tuples (:func:`_with_packed_arguments`).
+_PACKED: weakref.WeakSet[Callable] = weakref.WeakSet()
+#: The generated functions that :func:`_with_packed_arguments` may give tuple arguments: those
+#: called only from generated code of this module's contexts. A block's outermost function
+#: graph (``numba_funcified_fgraph``) is called from Python with its inputs one by one.
+_PACKABLE = frozenset({"scan", "numba_scan"})
+
+
+def _takes_tuples(fn) -> bool:
+    """Whether ``fn`` (a Python function or its numba dispatcher) takes its arguments as
+    tuples (:func:`_with_packed_arguments`)."""
+    fn = getattr(fn, "py_func", fn)
+    return isinstance(fn, types.FunctionType) and fn in _PACKED
+
+
+def _argument_chunks(items: list) -> list[list]:
+    size = _MAX_INLINED_ARGUMENTS
+    return [items[k : k + size] for k in range(0, len(items), size)]
+
+
+def _with_packed_arguments(src: str, name: str, global_env: dict) -> tuple[str, bool]:
+    """``src`` with more than :data:`_MAX_INLINED_ARGUMENTS` arguments passed as tuples of
+    at most that many, and whether function ``name`` itself now takes them so.
+
+    A call with more arguments is a ``CALL_FUNCTION_EX`` on one tuple, which numba does not
+    inline (:data:`_MAX_INLINED_ARGUMENTS`), so the loop and its step were functions of their
+    own, linked code that LLVM optimised and emitted again: a regression with ten free
+    variables, each prior's two numbers an input, has 45 arguments in SGLD's loop and 56 in
+    mCCAdL's. The definition of ``name`` (a scan or its step, :data:`_PACKABLE`) unpacks the
+    tuples, and every call to a function that takes them (:data:`_PACKED`, named in
+    ``global_env``) builds them. Sources with no such call or definition stay as they are."""
+    tree = ast.parse(src)
+    packed_callees = {key for key, value in global_env.items() if _takes_tuples(value)}
+    changed = packed = False
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Name):
+            if node.func.id in packed_callees and not node.keywords:
+                node.args = [ast.Tuple(chunk, ast.Load()) for chunk in _argument_chunks(node.args)]
+                changed = True
+        elif (
+            isinstance(node, ast.FunctionDef)
+            and node.name == name
+            and name in _PACKABLE
+            and len(node.args.args) > _MAX_INLINED_ARGUMENTS
+            and not (node.args.vararg or node.args.kwarg or node.args.defaults)
+        ):
+            chunks = _argument_chunks([a.arg for a in node.args.args])
+            node.args.args = [ast.arg(f"_arguments_{k}") for k in range(len(chunks))]
+            unpack = [f"{', '.join(chunk)}, = _arguments_{k}" for k, chunk in enumerate(chunks)]
+            node.body[:0] = ast.parse("\n".join(unpack)).body
+            changed = packed = True
+    return (ast.unparse(ast.fix_missing_locations(tree)) if changed else src), packed
+
+
+def _compile_with_packed_arguments(src, name, global_env=None, local_env=None):
+    """PyTensor's ``compile_function_src`` (which compiles the source of each function graph)
+    with :func:`_with_packed_arguments`'s calls and definition."""
+    src, packed = _with_packed_arguments(src, name, global_env or {})
+    fn = _compile_function_src(src, name, global_env, local_env)
+    if packed:
+        _PACKED.add(fn)
+    return fn
+
+
+#: PyTensor's compiler of a function graph's source, which :func:`lean_cache_wrappers` wraps.
+_compile_function_src = link_utils.compile_function_src
 
 
 #: :func:`_funcify_lazy_ifelse`'s function, its arguments (``{args}``) named one by one.
@@ -493,10 +572,12 @@ def lean_cache_wrappers() -> Iterator[None]:
             depth -= 1
 
     numba_dispatch.numba_funcify_ensure_cache = funcify
+    link_utils.compile_function_src = _compile_with_packed_arguments
     try:
         yield
     finally:
         numba_dispatch.numba_funcify_ensure_cache = ensure_cache
+        link_utils.compile_function_src = _compile_function_src
 
 
 #: LLVM fast-math flags of the numba code of the package's PyTensor functions: PyTensor's
