@@ -366,10 +366,12 @@ def test_jax_blocks_read_their_data_on_the_device_and_see_set_data():
             pm.set_data({"y": -y})
             runs[mode] = before, pm.sample(**kwargs)
         if mode == "JAX":
-            # X and y, and the distributions' numbers (model_layer.share_parameters).
+            # X and y, the distributions' numbers (model_layer.share_parameters) and the
+            # likelihood's N/n factor (model_layer.SGModel._size_factor).
             copies = [c.get_value(borrow=True) for c in step._device_data.copies]
             numbers = len(step.sg_model.shared_parameters.parameters)
-            assert len(copies) == 2 + numbers and all(isinstance(c, jax.Array) for c in copies)
+            assert len(copies) == 2 + numbers + 1
+            assert all(isinstance(c, jax.Array) for c in copies)
     for default, on_jax in zip(runs[None], runs["JAX"], strict=True):
         assert_same_chain(default, on_jax)
     # The new data flip the posterior: the second chain is near minus the first.

@@ -95,7 +95,9 @@ class Listener(numba.core.event.Listener):
         compiled.append(str(event.data.get("dispatcher") if event.data else event.kind))
 numba.core.event.register("numba:compile", Listener())
 
-problem = GaussianRegression.make(n_obs=2000, dim=3, batch_size=100, prior_sd=float(sys.argv[1]))
+problem = GaussianRegression.make(
+    n_obs=int(sys.argv[2]), dim=3, batch_size=100, prior_sd=float(sys.argv[1])
+)
 with problem.model():
     idata = pm.sample(
         draws=300, tune=300, chains=1, step=SGLD(), random_seed=3,
@@ -105,6 +107,7 @@ print(json.dumps({
     "rewritten": len(rewritten),
     "compiled": compiled,
     "mean": idata.posterior["w"].values[0].mean(axis=0).tolist(),
+    "sd": idata.posterior["w"].values[0].std(axis=0, ddof=1).tolist(),
     "ess": [float(e) for e in az.ess(idata, var_names=["w"])["w"].values],
     "exact_mean": problem.mean.tolist(),
     "exact_sd": np.sqrt(np.diag(problem.cov)).tolist(),
@@ -201,9 +204,9 @@ def test_a_model_that_differs_only_in_its_priors_numbers_compiles_nothing_again(
     # precision (``model_layer.share_parameters``), so the second run neither rewrites a graph
     # nor has numba compile a function. Before, it rewrote the 6 graphs and numba compiled the
     # blocks again (5 s of P1's first draw).
-    first = _run(tmp_path, _CHANGED_NUMBERS, "10.0")
+    first = _run(tmp_path, _CHANGED_NUMBERS, "10.0", "2000")
     assert first["rewritten"] > 3 and first["compiled"]
-    changed = _run(tmp_path, _CHANGED_NUMBERS, "0.0078")
+    changed = _run(tmp_path, _CHANGED_NUMBERS, "0.0078", "2000")
     assert changed["rewritten"] == 0
     assert changed["compiled"] == []
     # ... and its draws follow the new numbers, not the compiled ones: the new prior moves the
@@ -216,3 +219,26 @@ def test_a_model_that_differs_only_in_its_priors_numbers_compiles_nothing_again(
     assert np.all(error < 0.5 * sd), (error / sd, changed["ess"])
     shift = np.abs(np.subtract(changed["exact_mean"], first["exact_mean"]))
     assert shift[0] > 100 * sd[0]
+
+
+def test_a_model_on_another_number_of_rows_compiles_nothing_again(tmp_path):
+    # The same model on 2,000 rows, then on 200: the N/n factor of the minibatch likelihood
+    # is an input of the compiled graphs (``model_layer.SGModel._size_factor``), so the second run
+    # neither rewrites a graph nor has numba compile a function. Before, N was a constant of
+    # the graphs and the blocks were compiled again (4.5 s of P1's first draw).
+    first = _run(tmp_path, _CHANGED_NUMBERS, "10.0", "2000")
+    assert first["rewritten"] > 3 and first["compiled"]
+    changed = _run(tmp_path, _CHANGED_NUMBERS, "10.0", "200")
+    assert changed["rewritten"] == 0
+    assert changed["compiled"] == []
+    # ... and its draws are those of the posterior of 200 rows, whose sds are about 3.2 times
+    # those of 2,000 rows: a factor left at 2,000 / 100 would draw them 3.2 times too narrow
+    # around a mean 10 times too confident. 300 draws of SGLD's default (ESS about 100-200,
+    # the test above): the mean within 0.5 posterior sd in each coordinate and the sds within
+    # 30 % (the sd of a variance estimate from 100 independent draws is 14 %).
+    sd = np.array(changed["exact_sd"])
+    error = np.abs(np.subtract(changed["mean"], changed["exact_mean"]))
+    assert np.all(error < 0.5 * sd), (error / sd, changed["ess"])
+    ratio = np.array(changed["sd"]) / sd
+    assert np.all(np.abs(ratio - 1) < 0.3), (ratio, changed["ess"])
+    assert np.all(sd > 2.5 * np.array(first["exact_sd"]))
