@@ -5,8 +5,10 @@ position vector ``theta`` (all continuous free variables, raveled, in the uncons
 space) and the minibatch index vectors. The module builds
 
 * the noisy force ``F(theta) = grad log prior + (N/n) sum_{i in B} grad log p(x_i | theta)``
-  (``ALGORITHMS.md``, Notation). PyMC's elementwise observed log-density already carries the
-  ``N/n`` factor when ``total_size`` is set, so it is applied exactly once, by PyMC;
+  (``ALGORITHMS.md``, Notation). PyMC's ``total_size`` wrapper carries the ``N/n`` factor as
+  a constant; the layer derives the minibatch terms without it and applies the same factor
+  exactly once, as an input of the graphs (``SGModel._size_factor``), so that a model on
+  another number of rows reuses the compiled blocks;
 * the per-observation gradients ``G`` (``n x D``, row ``i`` = the gradient of observation ``i``'s
   *scaled* term ``(N/n) log p(x_i | theta)``), obtained by vectorising the one-observation gradient
   over the batch with :func:`pytensor.graph.replace.vectorize_graph` rather than with
