@@ -472,11 +472,14 @@ def _rebuild(outputs: Sequence[Variable], replace: dict[Variable, Variable]) -> 
     return [memo.get(out, out) for out in outputs]
 
 
-def _unscaled(rv: Variable) -> tuple[Variable, int | None]:
+def _unscaled(rv: Variable, batch_size: int) -> tuple[Variable, float | None]:
     """An observed variable read through ``pm.Minibatch`` without PyMC's ``total_size``
-    wrapper, and the wrapper's N; ``(rv, None)`` for a variable without the wrapper. The
-    layer multiplies the log-density by N/n where the wrapper did, as an input of the graphs
-    (:meth:`SGModel._size_factor`).
+    wrapper, and the factor N/n by which the wrapper scales a batch's log-density, in float64
+    as PyMC's ``get_scaling`` computes it (n is ``batch_size`` also in the one-row graph,
+    whose term is a batch row's); ``(rv, None)`` for a variable without the wrapper.
+    :func:`_check_observed` made N a constant, the data's number of rows, and the rows the
+    only axis with a total size. The layer multiplies the log-density by the factor where the
+    wrapper did, as an input of the graphs (:meth:`SGModel._size_factor`).
 
     The wrapper computes N/n from N, a constant, so every graph of the minibatch likelihood
     was one of its own data size: the same model on 8,000 rows instead of 10,000 compiled
@@ -487,7 +490,7 @@ def _unscaled(rv: Variable) -> tuple[Variable, int | None]:
     node = rv.owner
     if node is None or not isinstance(node.op, MinibatchRandomVariable):
         return rv, None
-    return node.inputs[0], int(node.inputs[1].data)
+    return node.inputs[0], float(node.inputs[1].data) / batch_size
 
 
 def _rebuild_minibatch_rv(op: MinibatchRandomVariable, inputs: Sequence[Variable]):
@@ -994,7 +997,7 @@ class SGModel:
         try:
             sliced = _rebuild([*in_values, *values], replace)
             new_values = sliced[len(observed) :]
-            unscaled = [_unscaled(rv) for rv in sliced[: len(observed)]]
+            unscaled = [_unscaled(rv, self.batch_size) for rv in sliced[: len(observed)]]
             new_rvs = [rv for rv, _ in unscaled]
             terms = transformed_conditional_logp(
                 rvs=new_rvs,
@@ -1013,7 +1016,7 @@ class SGModel:
                 "standard distribution over the rows if this one cannot be."
             ) from error
         rows = []
-        for obs, term, (_, total) in zip(observed, terms, unscaled, strict=True):
+        for obs, term, (_, factor) in zip(observed, terms, unscaled, strict=True):
             if term.type.ndim == 0:
                 raise ModelError(
                     f"observed variable '{obs.name}' ({_distribution_name(obs)}) has one "
@@ -1023,12 +1026,12 @@ class SGModel:
                     "observation axis the first, batch, axis of independent rows (independent "
                     "series as rows of an (N, T) array, total_size=(N, None))."
                 )
-            if total is not None:
-                term = term * self._size_factor(obs, total)
+            if factor is not None:
+                term = term * self._size_factor(obs, factor)
             rows.append(term.sum(axis=tuple(range(1, term.type.ndim))))
         return rows
 
-    def _size_factor(self, obs: Variable, total: int) -> SharedVariable:
+    def _size_factor(self, obs: Variable, factor: float) -> SharedVariable:
         """The N/n factor of ``obs``'s log-density (:func:`_unscaled`), one shared variable
         for all its graphs, holding the value PyTensor's constant folding gave the wrapper's
         ``cast(N / n, floatX)`` (the same draws, bit for bit). A one-element vector, as the
@@ -1037,7 +1040,7 @@ class SGModel:
         SGLD's and mCCAdL's cold first draws took about 1 s longer."""
         factors = self.__dict__.setdefault("_size_factors", {})
         if obs not in factors:
-            value = np.full(1, total / self.batch_size).astype(pytensor.config.floatX)
+            value = np.full(1, factor).astype(pytensor.config.floatX)
             factors[obs] = pytensor.shared(value, name=f"{obs.name}_size_factor", shape=(1,))
         return factors[obs]
 

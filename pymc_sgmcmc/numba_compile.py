@@ -142,11 +142,10 @@ from pytensor.conditional.op import LazyIfElse
 from pytensor.configdefaults import config
 from pytensor.graph.basic import Constant
 from pytensor.graph.fg import AbstractFunctionGraph
-from pytensor.graph.rewriting.basic import dfs_rewriter, in2out, node_rewriter
+from pytensor.graph.rewriting.basic import in2out, node_rewriter
 from pytensor.link.numba.cache import CACHED_SRC_FUNCTIONS, compile_numba_function_src
 from pytensor.link.numba.linker import NumbaLinker
 from pytensor.scan.op import Scan
-from pytensor.scan.rewriting.push_out import scan_push_out_non_seq
 from pytensor.tensor.elemwise import DimShuffle
 
 from pymc_sgmcmc.gather_dot import including_for_linker
@@ -657,18 +656,6 @@ def drop_inverse_dimshuffles(fgraph, node):
 # After PyTensor's numba rewrites that make the pairs (``scalarize``, in the FusedElemwise
 # database at 100).
 optdb.register("drop_inverse_dimshuffles", in2out(drop_inverse_dimshuffles), TAG, position=100.5)
-# PyTensor moves what a loop computes from its non-sequences alone out of it early (at 0.05),
-# before the rewrites of its step. Those can make more such code: taking the minibatch
-# likelihood's N/n factor (a shared (1,) vector, ``model_layer.SGModel._size_factor``) out of
-# the sum of mCCAdL's rows left the ``Squeeze`` of its (1, 1) broadcast in the step, three
-# more numba functions at a cold start. Moved out again here, the ``Squeeze`` meets the
-# ``ExpandDims`` it undoes, and :func:`drop_inverse_dimshuffles` drops both.
-optdb.register(
-    "late_scan_push_out_non_seq",
-    dfs_rewriter(scan_push_out_non_seq, ignore_newtrees=True),
-    TAG,
-    position=100.4,
-)
 
 
 def with_inverse_dimshuffles_dropped(mode) -> Mode | str | None:

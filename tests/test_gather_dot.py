@@ -195,9 +195,12 @@ def test_a_block_takes_its_vectors_as_they_are(sampler):
     and returns the coefficient vector itself: no DimShuffle in the block turns a vector into
     a column or a row, or back. Before 2026-12-06 a Squeeze took the noise's row and another
     the gradient's column (0.3 and 0.5 s of numba compiling SGLD's cold first draw on P1),
-    after an ExpandDims of the position. Left, outside the loop: the step sizes' column, and
+    after an ExpandDims of the position. Left: the step sizes' column, outside the loop, and
     where the block writes each row's gradient (mCCAdL), the (1, 1) broadcast of the
-    likelihood's N/n factor that scales the rows."""
+    likelihood's N/n factor that scales the rows (outside the loop) and its Squeeze back
+    for the force, which PyTensor's rewrites take out of the rows' sum after the loop's
+    code that reads only its non-sequences was moved out (moving it out again after those
+    rewrites made SGLD diverge on a regression with a free noise scale)."""
     problem = GaussianRegression.make(n_obs=500, dim=3, batch_size=50)
     with problem.model():
         step = sampler(step_size=1e-4)
@@ -205,6 +208,7 @@ def test_a_block_takes_its_vectors_as_they_are(sampler):
     expected = [f"ExpandDims{{axis=1}} of {h_seq.type}"]
     if sampler is MCCAdL:
         expected.append(f"ExpandDims{{axis=0}} of {pt.vector(shape=(1,)).type}")
+        expected.append(f"Squeeze{{axis=0}} of {pt.matrix(shape=(1, 1)).type}")
     assert sorted(reshaped_vectors(step._block_function()[0])) == sorted(expected)
 
 

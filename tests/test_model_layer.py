@@ -300,6 +300,18 @@ def test_multivariate_rows_per_observation_gradients():
     np.testing.assert_allclose(logp, logprior + (n_obs / batch) * loglik, rtol=1e-8)
 
 
+def test_a_total_size_along_another_axis_than_the_rows_is_refused():
+    # PyMC would scale a batch's log-density by the product over the axes given a total
+    # size (total_size=(N, 6) for rows of 3 values: 2 N / n), but only the rows are
+    # minibatched, and the layer applies N / n itself (an input of its graphs).
+    Y = np.random.default_rng(3).normal(size=(40, 3))
+    with pm.Model() as model:
+        mu = pm.Normal("mu", 0.0, 10.0)
+        pm.Normal("y", mu, 1.0, observed=pm.Minibatch(Y, batch_size=4), total_size=(40, 6))
+    with pytest.raises(ModelError, match="total_size along more than its first axis"):
+        SGModel(model, model.value_vars)
+
+
 def _family_data():
     rng = np.random.default_rng(11)
     n_obs = 200
