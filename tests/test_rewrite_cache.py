@@ -198,47 +198,55 @@ def test_keys_follow_values_not_objects():
     assert described[0] == described[1] != described[2]
 
 
+def _second_run_compiles_nothing(tmp_path, first_args, second_args) -> tuple[dict, dict]:
+    """Two runs of the same model with other numbers in fresh processes sharing one compile
+    directory: the first compiles, the second neither rewrites a graph nor compiles."""
+    first = _run(tmp_path, _CHANGED_NUMBERS, *first_args)
+    assert first["rewritten"] > 3 and first["compiled"]
+    second = _run(tmp_path, _CHANGED_NUMBERS, *second_args)
+    assert second["rewritten"] == 0
+    assert second["compiled"] == []
+    return first, second
+
+
+def _means_near_the_exact_posterior(run: dict) -> np.ndarray:
+    """The exact posterior sds of ``run``, whose draws' mean is within 0.5 of them of the
+    exact mean in every coordinate."""
+    sd = np.array(run["exact_sd"])
+    error = np.abs(np.subtract(run["mean"], run["exact_mean"]))
+    assert np.all(error < 0.5 * sd), (error / sd, run["ess"])
+    return sd
+
+
 def test_a_model_that_differs_only_in_its_priors_numbers_compiles_nothing_again(tmp_path):
     # A prior's scale changed between two runs, from 10.0 (PyTensor types it float32) to 0.0078
     # (float64): the prior's numbers are inputs of the compiled graphs, in the model's
     # precision (``model_layer.share_parameters``), so the second run neither rewrites a graph
     # nor has numba compile a function. Before, it rewrote the 6 graphs and numba compiled the
     # blocks again (5 s of P1's first draw).
-    first = _run(tmp_path, _CHANGED_NUMBERS, "10.0", "2000")
-    assert first["rewritten"] > 3 and first["compiled"]
-    changed = _run(tmp_path, _CHANGED_NUMBERS, "0.0078", "2000")
-    assert changed["rewritten"] == 0
-    assert changed["compiled"] == []
+    first, changed = _second_run_compiles_nothing(tmp_path, ("10.0", "2000"), ("0.0078", "2000"))
     # ... and its draws follow the new numbers, not the compiled ones: the new prior moves the
     # exact posterior mean 165 of its sds (in the first coordinate) from the first model's.
     # 300 draws of SGLD's default, ESS 98-199 per coordinate (Monte Carlo standard error
     # under 0.11 posterior sd): within 0.5 sd of the exact mean in each, about 5 standard
     # errors, which leaves room for SGLD's discretisation bias (measured: 0.03-0.05 sd).
-    sd = np.array(changed["exact_sd"])
-    error = np.abs(np.subtract(changed["mean"], changed["exact_mean"]))
-    assert np.all(error < 0.5 * sd), (error / sd, changed["ess"])
+    sd = _means_near_the_exact_posterior(changed)
     shift = np.abs(np.subtract(changed["exact_mean"], first["exact_mean"]))
     assert shift[0] > 100 * sd[0]
 
 
 def test_a_model_on_another_number_of_rows_compiles_nothing_again(tmp_path):
     # The same model on 2,000 rows, then on 200: the N/n factor of the minibatch likelihood
-    # is an input of the compiled graphs (``model_layer.SGModel._size_factor``), so the second run
-    # neither rewrites a graph nor has numba compile a function. Before, N was a constant of
+    # is an input of the compiled graphs (``model_layer.SGModel._size_factor``), so the second
+    # run neither rewrites a graph nor has numba compile a function. Before, N was a constant of
     # the graphs and the blocks were compiled again (4.5 s of P1's first draw).
-    first = _run(tmp_path, _CHANGED_NUMBERS, "10.0", "2000")
-    assert first["rewritten"] > 3 and first["compiled"]
-    changed = _run(tmp_path, _CHANGED_NUMBERS, "10.0", "200")
-    assert changed["rewritten"] == 0
-    assert changed["compiled"] == []
+    first, changed = _second_run_compiles_nothing(tmp_path, ("10.0", "2000"), ("10.0", "200"))
     # ... and its draws are those of the posterior of 200 rows, whose sds are about 3.2 times
     # those of 2,000 rows: a factor left at 2,000 / 100 would draw them 3.2 times too narrow
     # around a mean 10 times too confident. 300 draws of SGLD's default (ESS about 100-200,
     # the test above): the mean within 0.5 posterior sd in each coordinate and the sds within
     # 30 % (the sd of a variance estimate from 100 independent draws is 14 %).
-    sd = np.array(changed["exact_sd"])
-    error = np.abs(np.subtract(changed["mean"], changed["exact_mean"]))
-    assert np.all(error < 0.5 * sd), (error / sd, changed["ess"])
+    sd = _means_near_the_exact_posterior(changed)
     ratio = np.array(changed["sd"]) / sd
     assert np.all(np.abs(ratio - 1) < 0.3), (ratio, changed["ess"])
     assert np.all(sd > 2.5 * np.array(first["exact_sd"]))
