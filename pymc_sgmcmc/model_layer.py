@@ -913,6 +913,8 @@ class SGModel:
             for k, s in enumerate(self.sources)
         )
         self.batch_size = self.sources[0].batch_size if self.sources else None
+        #: Each minibatch-observed variable's N/n factor (:meth:`_size_factor`).
+        self._size_factors: dict[Variable, SharedVariable] = {}
         self._partition_terms()
         #: The floating-point type of the position, that of the value variables (float32 for a
         #: model built under ``floatX="float32"``): the log-density graphs derived here, and
@@ -1038,11 +1040,12 @@ class SGModel:
         priors' numbers are (:func:`share_parameters`): numba reads it as it reads them. A 0-d
         factor had it compile a 0-d array's views and conversions, 8-10 functions more, and
         SGLD's and mCCAdL's cold first draws took about 1 s longer."""
-        factors = self.__dict__.setdefault("_size_factors", {})
-        if obs not in factors:
+        if obs not in self._size_factors:
             value = np.full(1, factor).astype(pytensor.config.floatX)
-            factors[obs] = pytensor.shared(value, name=f"{obs.name}_size_factor", shape=(1,))
-        return factors[obs]
+            self._size_factors[obs] = pytensor.shared(
+                value, name=f"{obs.name}_size_factor", shape=(1,)
+            )
+        return self._size_factors[obs]
 
     def _fixed_logp(self) -> Variable:
         """The log-density of the terms read in full at every step (priors, observations

@@ -419,8 +419,10 @@ def _with_packed_arguments(src: str, name: str, global_env: dict) -> tuple[str, 
     mCCAdL's. The definition of ``name`` (a scan or its step, :data:`_PACKABLE`) unpacks the
     tuples, and every call to a function that takes them (:data:`_PACKED`, named in
     ``global_env``) builds them. Sources with no such call or definition stay as they are."""
-    tree = ast.parse(src)
     packed_callees = {key for key, value in global_env.items() if _takes_tuples(value)}
+    if not packed_callees and name not in _PACKABLE:
+        return src, False  # most sources (leaf ops, scalar composites): nothing to parse
+    tree = ast.parse(src)
     changed = packed = False
     for node in ast.walk(tree):
         if isinstance(node, ast.Call) and isinstance(node.func, ast.Name):
