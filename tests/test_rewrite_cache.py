@@ -184,7 +184,7 @@ def test_a_samplers_graphs_are_found_again_by_a_process_that_compiled_nothing_be
     assert again["draws"] == first["draws"]
     # ... and numba's code for them too: the first process compiles the graphs as it kept
     # them, so that numba caches each under the key the second looks up (NOGIN's block listed
-    # two independent nodes in the other order, and the second process compiled 43 functions
+    # two independent nodes in the other order, and the second process compiled 40 functions
     # again). Left: PyTensor's look-ups of the BLAS and LAPACK routines, which numba never
     # caches.
     assert first["compiled"]
