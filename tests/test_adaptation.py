@@ -270,6 +270,7 @@ def test_a_scale_too_narrow_from_the_start_widens_while_its_coordinate_drifts(cl
     assert not drifting_warnings(record)
 
 
+@pytest.mark.slow  # two SGNHT chains on 6,000 rows, 40 s; its rule's own test is the next one
 def test_a_likelihood_without_curvature_keeps_the_scales_its_windows_measured():
     # A Laplace regression: the Hessian of |y - mu| / s is 0 almost everywhere, so the
     # coefficients' curvature is the prior's (scale 5, posterior sd about 0.009). Their
@@ -667,7 +668,8 @@ def test_a_non_centred_hierarchical_model_is_told_to_use_the_centred_form(centre
     assert "write it in the centred form there, a = pm.Normal('a', mu, tau)" in drifting[0]
 
 
-@pytest.mark.parametrize("cls", [SGLD, NOGIN])
+# NOGIN's run is slow (45 s with empty caches); SGLD's checks the switch in the default run.
+@pytest.mark.parametrize("cls", [SGLD, pytest.param(NOGIN, marks=pytest.mark.slow)])
 def test_a_posterior_too_correlated_for_a_diagonal_preconditioner_gets_a_dense_one(cls):
     # The year regression with a known noise sd, whose posterior is Gaussian: intercept and
     # slope correlated at -0.99998. The Hessian at the end of the first slow window names
@@ -778,6 +780,7 @@ def one_hot_nuts() -> np.ndarray:
     return draws_of(idata)
 
 
+@pytest.mark.slow  # a NUTS reference and two chains per sampler: 160 s with empty caches
 @pytest.mark.parametrize("cls", [SGLD, NOGIN])
 def test_a_posterior_whose_hessian_is_singular_gets_a_dense_preconditioner_from_its_draws(
     cls, one_hot_nuts
