@@ -270,7 +270,7 @@ def test_a_scale_too_narrow_from_the_start_widens_while_its_coordinate_drifts(cl
     assert not drifting_warnings(record)
 
 
-@pytest.mark.slow  # two SGNHT chains on 6,000 rows, 40 s; its rule's own test is the next one
+@pytest.mark.slow  # 2 SGNHT chains on 6,000 rows: 43 s cold; its rule has its own test below
 def test_a_likelihood_without_curvature_keeps_the_scales_its_windows_measured():
     # A Laplace regression: the Hessian of |y - mu| / s is 0 almost everywhere, so the
     # coefficients' curvature is the prior's (scale 5, posterior sd about 0.009). Their

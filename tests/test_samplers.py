@@ -694,7 +694,7 @@ def test_an_anchor_where_a_coordinate_has_no_curvature_is_measured_by_the_window
         assert len([w for w in caught if "anchor is about" in str(w.message)]) == warned
 
 
-@pytest.mark.slow  # four mCCAdL chains, 80 s; its rule's own test is the next one
+@pytest.mark.slow  # 2 x 2 mCCAdL chains: 80 s cold; its rule has its own test below
 def test_a_chain_that_runs_away_from_the_anchor_is_flagged_not_returned_as_a_posterior():
     # A level of 10 rows in 4,000 sits in about a fifth of the minibatches of 100. With
     # control variates MCCAdL's C step damps the momentum with a Sigma-hat from the kick's own
