@@ -472,6 +472,11 @@ def _rebuild(outputs: Sequence[Variable], replace: dict[Variable, Variable]) -> 
     return [memo.get(out, out) for out in outputs]
 
 
+def _scaled_sum(rows: Sequence[tuple[Variable, Variable | None]]) -> Variable:
+    """The minibatch's log-likelihood: each term's rows times its N/n factor, summed."""
+    return pt.sum([r.sum() if f is None else (f * r).sum() for r, f in rows])
+
+
 def _unscaled(rv: Variable, batch_size: int) -> tuple[Variable, float | None]:
     """An observed variable read through ``pm.Minibatch`` without PyMC's ``total_size``
     wrapper, and the factor N/n by which the wrapper scales a batch's log-density, in float64
@@ -896,7 +901,9 @@ class SGModel:
     theta : TensorVariable
         Flat position (``D``,), the raveled value variables in ``value_vars`` order.
     indices : tuple of TensorVariable
-        One int64 vector (``n``,) of row indices per ``pm.Minibatch`` call.
+        One int64 vector of ``n`` row indices per ``pm.Minibatch`` call; the graphs leave its
+        length open, so a model run again with another ``batch_size`` compiles nothing again
+        (with the N/n factor an input too, :meth:`_size_factor`).
     sources : list of MinibatchSource
     batch_size : int
         ``n``; equal to ``N`` (and no indices) for a model without ``pm.Minibatch``.
@@ -909,7 +916,7 @@ class SGModel:
         self.value_vars = list(model.value_vars)
         self.sources = _find_sources(model)
         self.indices = tuple(
-            pt.vector(f"minibatch_index_{k}", dtype="int64", shape=(s.batch_size,))
+            pt.vector(f"minibatch_index_{k}", dtype="int64", shape=(None,))
             for k, s in enumerate(self.sources)
         )
         self.batch_size = self.sources[0].batch_size if self.sources else None
@@ -973,13 +980,15 @@ class SGModel:
                 replace[out] = rows(k, j, data)
         return replace
 
-    def _row_terms(self, rows) -> list[Variable]:
+    def _row_terms(self, rows) -> list[tuple[Variable, Variable | None]]:
         """Per-observation log-likelihood terms, one (n,) vector per observed variable, each
-        scaled by N/n (:func:`_unscaled`), also where ``rows`` gives a single row.
+        with its N/n factor (:func:`_unscaled`; ``None`` without ``pm.Minibatch``), also where
+        ``rows`` gives a single row.
 
         The slicing is replaced in the *random-variable* graphs, before PyMC derives their
-        log-density: PyMC's logp rewrites fold the static batch size into the graph, so the
-        terms must be derived afresh for every batch size (n for the force, 1 for one row).
+        log-density: PyMC's logp rewrites fold a static number of rows into the graph, so the
+        terms are derived afresh for each kind of rows: the minibatch's, whose length the
+        graphs leave open (another ``batch_size`` is the same graph), and one row.
         """
         model = self.model
         observed = [obs for group in self._batch_obs.values() for obs in group]
@@ -1028,9 +1037,8 @@ class SGModel:
                     "observation axis the first, batch, axis of independent rows (independent "
                     "series as rows of an (N, T) array, total_size=(N, None))."
                 )
-            if factor is not None:
-                term = term * self._size_factor(obs, factor)
-            rows.append(term.sum(axis=tuple(range(1, term.type.ndim))))
+            row = term.sum(axis=tuple(range(1, term.type.ndim)))
+            rows.append((row, None if factor is None else self._size_factor(obs, factor)))
         return rows
 
     def _size_factor(self, obs: Variable, factor: float) -> SharedVariable:
@@ -1066,7 +1074,7 @@ class SGModel:
         point = {v.name: point[v.name] for v in self.value_vars}
         fixed = self._fixed_logp()
         batch_rows = self._row_terms(lambda k, j, data: data[self.indices[k]])
-        batch = pt.sum([r.sum() for r in batch_rows]) if batch_rows else pt.constant(0.0)
+        batch = _scaled_sum(batch_rows) if batch_rows else pt.constant(0.0)
 
         # One-observation graph: the same terms on a batch of one row, a placeholder per data
         # array (vectorising over gathered rows avoids a batched indexing loop), scaled by
@@ -1077,21 +1085,37 @@ class SGModel:
             for j, data in enumerate(source.shared_data)
         }
         row_terms = self._row_terms(lambda k, j, data: single[(k, j)])
-        row_lp = pt.sum([r.sum() for r in row_terms]) if row_terms else None
 
-        outputs = [fixed, batch] + ([row_lp] if row_lp is not None else [])
+        # Each term's unscaled sum, differentiated on its own and then scaled: the N/n factor
+        # multiplies the gradient's D-vector. Differentiating the scaled rows put it inside
+        # SGLD's fused product kernel once the batch's length was left open (a (1, 1) column
+        # per row, other last bits, and more functions for numba to compile).
+        batch_sums = [r.sum() for r, _ in batch_rows]
+        row_sums = [r.sum() for r, _ in row_terms]
+        outputs = [fixed, batch, *batch_sums, *row_sums]
         passed = passed_checks(outputs, self.shared_parameters.parameters)
         joined, self.theta = join_value_variables(point, outputs, self.value_vars, passed)
         self.dim = int(sum(np.size(v) for v in point.values()))
         fixed_lp, batch_lp = joined[0], joined[1]
+        joined_batch = joined[2 : 2 + len(batch_sums)]
+        joined_rows = joined[2 + len(batch_sums) :]
         self.fixed_logp = fixed_lp
         self.logp = fixed_lp + batch_lp
         # A term may not depend on every coordinate (a pm.Flat prior has a constant logp).
         grad = partial(pt.grad, wrt=self.theta, disconnected_inputs="ignore")
+
+        def scaled_grad(sums, terms):
+            pairs = zip(sums, [f for _, f in terms], strict=True)
+            return variadic_add(*[grad(s) if f is None else f * grad(s) for s, f in pairs])
+
         self.fixed_force = grad(fixed_lp)
-        self.force = self.fixed_force + grad(batch_lp) if batch_rows else self.fixed_force
-        if row_lp is not None:
-            row_grad = grad(joined[2])
+        self.force = (
+            self.fixed_force + scaled_grad(joined_batch, batch_rows)
+            if batch_rows
+            else self.fixed_force
+        )
+        if row_terms:
+            row_grad = scaled_grad(joined_rows, row_terms)
             self._row_gradient = (row_grad, single)
             self.per_observation_gradients = vectorize_graph(
                 row_grad,
@@ -1974,7 +1998,7 @@ class NoiseCovariance(Covariance):
         # Gram matrix is checked.
         inner = on_finite(
             lambda gram: pt.linalg.solve(
-                pt.eye(self.n_rows) / (b * self.scale) + gram,
+                pt.eye(w.shape[0]) / (b * self.scale) + gram,
                 w @ u,
                 assume_a="pos",
                 check_finite=False,
