@@ -234,6 +234,15 @@ def _means_near_the_exact_posterior(run: dict) -> np.ndarray:
     return sd
 
 
+def _spread_near_the_exact_posterior(run: dict) -> np.ndarray:
+    """:func:`_means_near_the_exact_posterior`, and the draws' sds within 30 % of the exact
+    ones in every coordinate."""
+    sd = _means_near_the_exact_posterior(run)
+    ratio = np.array(run["sd"]) / sd
+    assert np.all(np.abs(ratio - 1) < 0.3), (ratio, run["ess"])
+    return sd
+
+
 def test_a_model_that_differs_only_in_its_priors_numbers_compiles_nothing_again(tmp_path):
     # A prior's scale changed between two runs, from 10.0 (PyTensor types it float32) to 0.0078
     # (float64): the prior's numbers are inputs of the compiled graphs, in the model's
@@ -266,9 +275,7 @@ def test_a_model_on_another_number_of_rows_compiles_nothing_again(tmp_path):
     # around a mean 10 times too confident. 300 draws of SGLD's default (ESS about 100-200,
     # the test above): the mean within 0.5 posterior sd in each coordinate and the sds within
     # 30 % (the sd of a variance estimate from 100 independent draws is 14 %).
-    sd = _means_near_the_exact_posterior(changed)
-    ratio = np.array(changed["sd"]) / sd
-    assert np.all(np.abs(ratio - 1) < 0.3), (ratio, changed["ess"])
+    sd = _spread_near_the_exact_posterior(changed)
     assert np.all(sd > 2.5 * np.array(first["exact_sd"]))
 
 
@@ -283,6 +290,4 @@ def test_a_model_with_another_batch_size_compiles_nothing_again(tmp_path):
     )
     # ... and its draws are the posterior's: N/n = 50 scales the 40 rows' likelihood; the
     # factor of 100 rows (20) would draw sds 1.6 times the posterior's. Tolerances as above.
-    sd = _means_near_the_exact_posterior(changed)
-    ratio = np.array(changed["sd"]) / sd
-    assert np.all(np.abs(ratio - 1) < 0.3), (ratio, changed["ess"])
+    _spread_near_the_exact_posterior(changed)
