@@ -922,6 +922,7 @@ class SGModel:
         self.batch_size = self.sources[0].batch_size if self.sources else None
         #: Each minibatch-observed variable's N/n factor (:meth:`_size_factor`).
         self._size_factors: dict[Variable, SharedVariable] = {}
+        self._rows_count: RowCount | None = None
         self._partition_terms()
         #: The floating-point type of the position, that of the value variables (float32 for a
         #: model built under ``floatX="float32"``): the log-density graphs derived here, and
@@ -1054,6 +1055,23 @@ class SGModel:
                 value, name=f"{obs.name}_size_factor", shape=(1,)
             )
         return self._size_factors[obs]
+
+    def _batch_rows(self) -> RowCount:
+        """The minibatch's n and n / (n - 1) as inputs, for :class:`NoiseCovariance`: read
+        from the rows' shape, they were five to sixteen more functions for numba to compile
+        (the shape, its conversions to a float and back to a vector), since the batch's
+        length is left open (another ``batch_size`` is the same graph)."""
+        if self._rows_count is None:
+            n = self.batch_size
+
+            def one_element(value: float, name: str) -> SharedVariable:
+                value = np.full(1, value).astype(pytensor.config.floatX)
+                return pytensor.shared(value, name=name, shape=(1,))
+
+            self._rows_count = RowCount(
+                one_element(n, "batch_rows"), one_element(n / (n - 1.0), "batch_rows_correction")
+            )
+        return self._rows_count
 
     def _fixed_logp(self) -> Variable:
         """The log-density of the terms read in full at every step (priors, observations
@@ -1192,7 +1210,7 @@ class SGModel:
             )
             grads = grads - grads_at_anchor
             force = control.anchor_force + fixed_force - fixed_at_anchor + grads.sum(axis=0)
-        return force, NoiseCovariance(grads, self.dim, self.batch_size)
+        return force, NoiseCovariance(grads, self.dim, self.batch_size, rows=self._batch_rows())
 
     def full_data_force(self, theta: np.ndarray, functions: tuple | None = None) -> np.ndarray:
         """The exact force at ``theta``: the fixed terms plus every row's gradient, from the
@@ -1835,6 +1853,14 @@ class DiagonalCovariance(Covariance):
         return DiagonalCovariance(scale**2 * self.diag, self.dim)
 
 
+class RowCount(NamedTuple):
+    """The number of rows n of a :class:`NoiseCovariance`'s gradients, and the factor
+    n / (n - 1) of its unbiased estimate."""
+
+    count: Variable
+    correction: Variable
+
+
 class NoiseCovariance(Covariance):
     """Covariance Sigma of the minibatch force, from the per-observation gradients of one batch.
 
@@ -1858,6 +1884,9 @@ class NoiseCovariance(Covariance):
     which cost O(n D^2) anyway, centre explicitly.
 
     ``gradients=None`` stands for a full-data force, whose noise covariance is zero.
+    ``n_rows`` is the batch size, which picks the graph of a solve (Woodbury where D > n);
+    ``rows`` gives n and n / (n - 1) as inputs (:meth:`SGModel._batch_rows`), read from the
+    gradients' shape where absent.
     """
 
     def __init__(
@@ -1867,6 +1896,7 @@ class NoiseCovariance(Covariance):
         n_rows: int = 0,
         columns: Variable | None = None,
         rotation: Variable | None = None,
+        rows: RowCount | None = None,
     ):
         self.dim = dim
         self.n_rows = n_rows
@@ -1874,10 +1904,13 @@ class NoiseCovariance(Covariance):
         self.gradients = gradients
         self.columns = columns
         self.rotation = rotation
-        if gradients is not None:
+        if gradients is not None and rows is None:
             n = gradients.shape[0].astype(gradients.dtype)
-            self.mean = gradients.mean(axis=0)
-            self.scale = n / (n - 1.0)
+            rows = RowCount(n, n / (n - 1.0))
+        self.rows = rows
+        if gradients is not None:
+            self.mean = gradients.sum(axis=0) / rows.count
+            self.scale = rows.correction
 
     def _scaled(self, v: Variable) -> Variable:
         return v if self.columns is None else self.columns * v
@@ -1918,7 +1951,9 @@ class NoiseCovariance(Covariance):
         if self.rotation is not None:
             columns = self.rotation * columns[None, :]  # M = R S
         rows = self._rows(single_precision_rows)
-        return rows, self.mean, columns, self.scale, pt.zeros_like(ones)
+        # The kernels take the gain as a scalar.
+        gain = self.scale.squeeze() if self.scale.ndim else self.scale
+        return rows, self.mean, columns, gain, pt.zeros_like(ones)
 
     def dense(self) -> Variable:
         """Sigma as a D x D matrix (O(n D^2); for small D and for tests)."""
@@ -1952,8 +1987,7 @@ class NoiseCovariance(Covariance):
             rotated = pt.sum(self.rotation * (sigma @ self.rotation), axis=0)
             return self._scaled(self._scaled(pt.maximum(rotated, 0.0)))
         rows = self._rows(single_precision_rows).astype(self.gradients.dtype)
-        n = self.gradients.shape[0].astype(self.gradients.dtype)
-        squares = pt.sum(rows**2, axis=0) - n * self.mean**2
+        squares = pt.sum(rows**2, axis=0) - self.rows.count * self.mean**2
         # Rounding can leave a tiny negative variance where a column is (nearly) constant.
         return self.scale * self._scaled(self._scaled(pt.maximum(squares, 0.0)))
 
@@ -1961,7 +1995,9 @@ class NoiseCovariance(Covariance):
         if self.is_zero:
             return self
         columns = scale if self.columns is None else self.columns * scale
-        return NoiseCovariance(self.gradients, self.dim, self.n_rows, columns, self.rotation)
+        return NoiseCovariance(
+            self.gradients, self.dim, self.n_rows, columns, self.rotation, self.rows
+        )
 
     def rotated(self, rotation: Variable) -> NoiseCovariance:
         # The model's rows are kept: products map the vector (M^T Gc^T Gc M v), and the fused
@@ -1970,7 +2006,9 @@ class NoiseCovariance(Covariance):
             return self
         if self.columns is not None or self.rotation is not None:
             raise ValueError("rotate the model's estimate once, before scaling its columns")
-        return NoiseCovariance(self.gradients, self.dim, self.n_rows, rotation=rotation)
+        return NoiseCovariance(
+            self.gradients, self.dim, self.n_rows, rotation=rotation, rows=self.rows
+        )
 
     def as_form(self, form: str) -> Covariance:
         """The same Sigma as "lowrank" (this object), "full" (D x D) or "diag"."""

@@ -20,10 +20,11 @@ import pytest
 from checks import chain_from_the_mean, graph_nodes
 from models import GaussianRegression
 from pytensor.tensor.elemwise import DimShuffle
+from pytensor.tensor.shape import Shape, Shape_i
 from pytensor.tensor.subtensor import AdvancedSubtensor
 
 import pymc_sgmcmc.base as base
-from pymc_sgmcmc import SGHMC, SGLD, SGNHT, MCCAdL
+from pymc_sgmcmc import MSGLD, SGHMC, SGLD, SGNHT, MCCAdL
 from pymc_sgmcmc.gather_dot import (
     GatherDot,
     GatherGLMProduct,
@@ -227,6 +228,23 @@ def test_a_block_takes_its_vectors_as_they_are(sampler):
         expected.append(f"ExpandDims{{axis=0}} of {pt.vector(shape=(1,)).type}")
         expected.append(f"Squeeze{{axis=0}} of {pt.matrix(shape=(1, 1)).type}")
     assert sorted(reshaped_vectors(step._block_function()[0])) == sorted(expected)
+
+
+@pytest.mark.parametrize("sampler", [MSGLD, MCCAdL])
+def test_a_covariance_samplers_block_reads_no_shape(sampler):
+    """The noise covariance's n and n / (n - 1) come into the block as inputs
+    (``SGModel._batch_rows``), so another batch size is the same graph and nothing computes
+    them from the rows' shape. Read from the shape they were 2-16 more functions for numba
+    to compile at a cold start (the shape, its conversions to a float and back to a vector;
+    mSGLD 140 against 121 on a D = 3 regression). The model and step are those of the test
+    above, whose mCCAdL block this one reuses."""
+    problem = GaussianRegression.make(n_obs=500, dim=3, batch_size=50)
+    with problem.model():
+        step = sampler(step_size=1e-4)
+    nodes = graph_nodes(step._block_function()[0].maker.fgraph)
+    assert [str(node.op) for node in nodes if isinstance(node.op, Shape | Shape_i)] == []
+    count, correction = (v.get_value() for v in step.sg_model._batch_rows())
+    np.testing.assert_array_equal([count, correction], [[50.0], [50.0 / 49.0]])
 
 
 def glm_log_likelihoods(idx, w):
