@@ -922,7 +922,7 @@ class SGModel:
         self.batch_size = self.sources[0].batch_size if self.sources else None
         #: Each minibatch-observed variable's N/n factor (:meth:`_size_factor`).
         self._size_factors: dict[Variable, SharedVariable] = {}
-        self._rows_count: RowCount | None = None
+        self._row_count: RowCount | None = None
         self._partition_terms()
         #: The floating-point type of the position, that of the value variables (float32 for a
         #: model built under ``floatX="float32"``): the log-density graphs derived here, and
@@ -1058,20 +1058,21 @@ class SGModel:
 
     def _batch_rows(self) -> RowCount:
         """The minibatch's n and n / (n - 1) as inputs, for :class:`NoiseCovariance`: read
-        from the rows' shape, they were five to sixteen more functions for numba to compile
-        (the shape, its conversions to a float and back to a vector), since the batch's
-        length is left open (another ``batch_size`` is the same graph)."""
-        if self._rows_count is None:
+        from the rows' shape, which is left open (another ``batch_size`` is the same graph),
+        they were 7-19 more functions for numba to compile at a cold start (the shape, its
+        conversions to a float and back to a vector). One-element vectors, as the N/n factor
+        is (:meth:`_size_factor`)."""
+        if self._row_count is None:
             n = self.batch_size
 
             def one_element(value: float, name: str) -> SharedVariable:
                 value = np.full(1, value).astype(pytensor.config.floatX)
                 return pytensor.shared(value, name=name, shape=(1,))
 
-            self._rows_count = RowCount(
+            self._row_count = RowCount(
                 one_element(n, "batch_rows"), one_element(n / (n - 1.0), "batch_rows_correction")
             )
-        return self._rows_count
+        return self._row_count
 
     def _fixed_logp(self) -> Variable:
         """The log-density of the terms read in full at every step (priors, observations

@@ -234,7 +234,7 @@ def test_a_block_takes_its_vectors_as_they_are(sampler):
 def test_a_covariance_samplers_block_reads_no_shape(sampler):
     """The noise covariance's n and n / (n - 1) come into the block as inputs
     (``SGModel._batch_rows``), so another batch size is the same graph and nothing computes
-    them from the rows' shape. Read from the shape they were 2-16 more functions for numba
+    them from the rows' shape. Read from the shape they were 7-19 more functions for numba
     to compile at a cold start (the shape, its conversions to a float and back to a vector;
     mSGLD 140 against 121 on a D = 3 regression). The model and step are those of the test
     above, whose mCCAdL block this one reuses."""
