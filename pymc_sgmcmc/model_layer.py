@@ -477,6 +477,13 @@ def _scaled_sum(rows: Sequence[tuple[Variable, Variable | None]]) -> Variable:
     return pt.sum([r.sum() if f is None else (f * r).sum() for r, f in rows])
 
 
+def _one_element_input(value: float, name: str) -> SharedVariable:
+    """A number the blocks read as an input, as a one-element vector in the model's
+    precision (floatX while the step builds its graphs): numba reads it as it reads the
+    priors' numbers, where a 0-d input had it compile a 0-d array's views and conversions."""
+    return pytensor.shared(np.full(1, value).astype(pytensor.config.floatX), name=name, shape=(1,))
+
+
 def _unscaled(rv: Variable, batch_size: int) -> tuple[Variable, float | None]:
     """An observed variable read through ``pm.Minibatch`` without PyMC's ``total_size``
     wrapper, and the factor N/n by which the wrapper scales a batch's log-density, in float64
@@ -1050,10 +1057,7 @@ class SGModel:
         factor had it compile a 0-d array's views and conversions, 8-10 functions more, and
         SGLD's and mCCAdL's cold first draws took about 1 s longer."""
         if obs not in self._size_factors:
-            value = np.full(1, factor).astype(pytensor.config.floatX)
-            self._size_factors[obs] = pytensor.shared(
-                value, name=f"{obs.name}_size_factor", shape=(1,)
-            )
+            self._size_factors[obs] = _one_element_input(factor, f"{obs.name}_size_factor")
         return self._size_factors[obs]
 
     def _batch_rows(self) -> RowCount:
@@ -1064,13 +1068,9 @@ class SGModel:
         is (:meth:`_size_factor`)."""
         if self._row_count is None:
             n = self.batch_size
-
-            def one_element(value: float, name: str) -> SharedVariable:
-                value = np.full(1, value).astype(pytensor.config.floatX)
-                return pytensor.shared(value, name=name, shape=(1,))
-
             self._row_count = RowCount(
-                one_element(n, "batch_rows"), one_element(n / (n - 1.0), "batch_rows_correction")
+                _one_element_input(n, "batch_rows"),
+                _one_element_input(n / (n - 1.0), "batch_rows_correction"),
             )
         return self._row_count
 
@@ -1905,13 +1905,13 @@ class NoiseCovariance(Covariance):
         self.gradients = gradients
         self.columns = columns
         self.rotation = rotation
-        if gradients is not None and rows is None:
-            n = gradients.shape[0].astype(gradients.dtype)
-            rows = RowCount(n, n / (n - 1.0))
-        self.rows = rows
         if gradients is not None:
+            if rows is None:
+                n = gradients.shape[0].astype(gradients.dtype)
+                rows = RowCount(n, n / (n - 1.0))
             self.mean = gradients.sum(axis=0) / rows.count
             self.scale = rows.correction
+        self.rows = rows
 
     def _scaled(self, v: Variable) -> Variable:
         return v if self.columns is None else self.columns * v
