@@ -19,6 +19,13 @@ functions' gradients: a Student-t CDF's gradient in its ``nu``, as in
 ``pm.Censored(pm.StudentT.dist(nu=nu, ...))``) has no such form: its Python ``perform`` runs
 every iteration of the loop for every element, and a chain start took minutes. Graphs that
 hold one are compiled in the default mode instead (``one_off_mode``).
+
+An op with an inner graph (PyTensor's ``OpFromGraph``: ``logsumexp``, ``softmax``,
+``log_softmax``, ``xlogy`` and their derivatives) links that graph on its own, with PyTensor's
+``vm`` linker, which makes C thunks wherever a C++ compiler is installed, whatever the outer
+function's linker: with an empty compile directory every new op in it waited for ``g++``
+(57 modules, 69 s of the NOGIN mixture example's first run). The second rewrite of
+:data:`ONE_OFF_MODE` puts such graphs inline, so that their nodes run in Python too.
 """
 
 from __future__ import annotations
@@ -27,13 +34,17 @@ import math
 
 import pytensor.tensor as pt
 from pytensor.compile import optdb
+from pytensor.compile.builders import OpFromGraph
 from pytensor.compile.mode import Mode, get_default_mode, get_mode
+from pytensor.compile.rewriting import inline_ofg_node
 from pytensor.graph.basic import Apply, Variable
-from pytensor.graph.rewriting.basic import in2out, node_rewriter
+from pytensor.graph.replace import vectorize_graph
+from pytensor.graph.rewriting.basic import dfs_rewriter, in2out, node_rewriter
 from pytensor.graph.traversal import ancestors
 from pytensor.scalar.basic import Clip, Composite, Identity, ScalarOp, Second
 from pytensor.scalar.loop import ScalarLoop
 from pytensor.scalar.math import Log1mexp, Softplus
+from pytensor.tensor.blockwise import Blockwise
 from pytensor.tensor.elemwise import Elemwise
 from pytensor.tensor.extra_ops import broadcast_shape
 
@@ -89,6 +100,31 @@ def ufunc_elemwise(fgraph, node: Apply) -> list[Variable] | None:
 # only where the tag is (``ONE_OFF_MODE``), so no other user of FAST_COMPILE is affected.
 optdb.register("ufunc_elemwise", in2out(ufunc_elemwise), TAG, position=49.05)
 
+
+@node_rewriter([OpFromGraph, Blockwise])
+def inline_inner_graph(fgraph, node: Apply) -> list[Variable] | None:
+    """An ``OpFromGraph`` replaced by its inner graph, whose nodes the outer function's linker
+    then runs (PyTensor inlines only those built with ``inline=True``); one vectorised over
+    rows (a ``Blockwise`` of it: the per-observation gradients) by its inner graph
+    vectorised, which NumPy runs over all rows at once where ``Blockwise`` would call the
+    inner function once per row."""
+    if isinstance(node.op, OpFromGraph):
+        return inline_ofg_node(node)
+    if not isinstance(node.op.core_op, OpFromGraph):
+        return None
+    core = node.op.core_op.fgraph.unfreeze()
+    rows = dict(zip(core.inputs, node.inputs, strict=True))
+    batched = vectorize_graph(core.outputs, replace=rows)
+    return [
+        out.type.filter_variable(new, allow_convert=True)
+        for out, new in zip(node.outputs, batched, strict=True)
+    ]
+
+
+# After every rewrite that can introduce one (the canonical rewrites recognise softmax and
+# logsumexp), and before the ufunc forms, which then see the inner nodes too.
+optdb.register("inline_inner_graphs", dfs_rewriter(inline_inner_graph), TAG, position=49.04)
+
 #: Compilation mode of the functions run once or a few times per chain: ``FAST_COMPILE``
 #: (no compilation to machine code) with every elementwise op run by a NumPy ufunc.
 ONE_OFF_MODE = get_mode("FAST_COMPILE").including(TAG)
@@ -114,11 +150,16 @@ def one_off_mode(outputs: Variable | list[Variable]) -> Mode:
 def has_scalar_loop(outputs: Variable | list[Variable]) -> bool:
     """Whether the graphs of ``outputs`` hold an elementwise ``ScalarLoop`` (PyTensor's
     series and continued fractions for the derivatives of the incomplete beta and gamma
-    functions in their shape parameters)."""
+    functions in their shape parameters), inner graphs included: :data:`ONE_OFF_MODE` puts
+    those inline."""
     outputs = outputs if isinstance(outputs, list | tuple) else [outputs]
-    return any(
-        var.owner is not None
-        and isinstance(var.owner.op, Elemwise)
-        and _loops_per_element(var.owner.op.scalar_op)
-        for var in ancestors(outputs)
-    )
+    for var in ancestors(outputs):
+        node = var.owner
+        if node is None:
+            continue
+        if isinstance(node.op, Elemwise) and _loops_per_element(node.op.scalar_op):
+            return True
+        inner = getattr(node.op, "core_op", node.op)
+        if isinstance(inner, OpFromGraph) and has_scalar_loop(list(inner.inner_outputs)):
+            return True
+    return False

@@ -6,9 +6,12 @@ import pytensor
 import pytensor.tensor as pt
 import pytest
 from models import censored_student_t
+from pytensor.compile.builders import OpFromGraph
+from pytensor.graph.replace import vectorize_graph
 from pytensor.graph.utils import MethodNotDefined
 from pytensor.scalar import Cast
 from pytensor.tensor.elemwise import Elemwise
+from pytensor.tensor.special import log_softmax, softmax, xlogy
 
 from pymc_sgmcmc import model_layer
 from pymc_sgmcmc.model_layer import Preconditioner, SGModel, _differenced_hessian_vector_product
@@ -88,6 +91,73 @@ def test_a_softplus_network_gets_its_one_off_functions_without_per_element_pytho
     theta = 0.3 * rng.standard_normal(sg.dim)
     idx = rng.integers(0, 300, size=50)
     np.testing.assert_allclose(rows_fn(theta, idx), numba_rows(theta, idx), rtol=1e-9)
+
+
+def inner_graph_ops(fn) -> list[str]:
+    """The nodes of a compiled function that link an inner graph of their own (an
+    ``OpFromGraph``, or a ``Blockwise`` of one that calls it row by row): PyTensor links those
+    graphs with C thunks whatever the outer function's linker."""
+    return [
+        str(node.op)
+        for node in fn.maker.fgraph.apply_nodes
+        if isinstance(getattr(node.op, "core_op", node.op), OpFromGraph)
+    ]
+
+
+def test_inner_graphs_run_inline_in_python_and_row_by_row_ones_vectorised():
+    """logsumexp, softmax, log_softmax and xlogy are ``OpFromGraph``s, vectorised over a
+    matrix's rows as ``Blockwise``s of them (the per-observation gradients of a mixture or a
+    softmax regression): in the one-off mode no such node is left, and the values are the
+    compiled graph's."""
+    x = pt.vector("x")
+    rows = pt.matrix("rows")
+    one_row = (
+        pt.logsumexp(x)
+        + log_softmax(x).sum()
+        + xlogy(x, x).sum()
+        + (softmax(x) ** 2).sum()
+        + pt.logsumexp(softmax(x))  # one inside another
+    )
+    outputs = vectorize_graph([one_row, pt.grad(one_row, x)], {x: rows})
+    plain = pytensor.function([rows], outputs, mode="FAST_COMPILE")
+    one_off = pytensor.function([rows], outputs, mode=ONE_OFF_MODE)
+    assert any("Blockwise" in op for op in inner_graph_ops(plain))  # what the rewrite is for
+    assert inner_graph_ops(one_off) == []
+    assert per_element_python_ops(one_off) == []
+
+    values = np.random.default_rng(5).uniform(0.1, 3.0, size=(7, 4))
+    compiled = pytensor.function([rows], outputs)
+    for expected, got in zip(compiled(values), one_off(values), strict=True):
+        np.testing.assert_allclose(got, expected, rtol=1e-13)
+
+
+def test_a_mixtures_one_off_functions_link_no_inner_graph():
+    """A normal mixture's log-density is a logsumexp per row: the model layer's one-off
+    functions (chain start, factorisation check, geometry) link no inner graph, so a first
+    run with an empty compile directory compiles no C module for them."""
+    y = np.concatenate([np.random.default_rng(6).normal(-2, 1, 100), np.full(200, 1.5)])
+    with pm.Model() as model:
+        mu = pm.Normal("mu", 0, 5, shape=2)
+        observed = pm.Minibatch(y, batch_size=30)
+        pm.NormalMixture("y", w=[0.3, 0.7], mu=mu, sigma=1.0, observed=observed, total_size=300)
+        sg = SGModel(model, model.value_vars)
+    sg.check_factorisation()
+    for fn in [*sg._geometry_functions, sg._one_off_fixed_force]:
+        assert inner_graph_ops(fn) == []
+    _, rows_fn = sg._geometry_functions
+    numba_rows = sg._function([sg.theta, *sg.indices], sg.per_observation_gradients)
+    theta, idx = np.array([-1.5, 1.0]), np.arange(0, 300, 10)
+    np.testing.assert_allclose(rows_fn(theta, idx), numba_rows(theta, idx), rtol=1e-9)
+
+
+def test_a_loop_inside_an_inner_graph_is_seen():
+    """An inner graph put inline brings its ``ScalarLoop`` into the outer function, so
+    ``one_off_mode`` looks inside inner graphs too, vectorised ones included."""
+    x = pt.vector("x")
+    inner = OpFromGraph([x], [pt.grad(pt.gammainc(x, 2.0).sum(), x)])
+    assert one_off_mode(inner(x)) is not ONE_OFF_MODE
+    assert one_off_mode(vectorize_graph(inner(x), {x: pt.matrix("rows")})) is not ONE_OFF_MODE
+    assert one_off_mode(pt.logsumexp(x)) is ONE_OFF_MODE
 
 
 def test_a_graph_that_loops_per_element_is_compiled():
