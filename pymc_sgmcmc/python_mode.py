@@ -24,8 +24,9 @@ An op with an inner graph (PyTensor's ``OpFromGraph``: ``logsumexp``, ``softmax`
 ``log_softmax``, ``xlogy`` and their derivatives) links that graph on its own, with PyTensor's
 ``vm`` linker, which makes C thunks wherever a C++ compiler is installed, whatever the outer
 function's linker: with an empty compile directory every new op in it waited for ``g++``
-(57 modules, 69 s of the NOGIN mixture example's first run). The second rewrite of
-:data:`ONE_OFF_MODE` puts such graphs inline, so that their nodes run in Python too.
+(57 modules, 69 s of the NOGIN mixture example's first run). Another rewrite of
+:data:`ONE_OFF_MODE`, run before the ufunc forms, puts such graphs inline, so that their nodes
+run in Python too.
 """
 
 from __future__ import annotations
