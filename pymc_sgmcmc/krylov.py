@@ -596,7 +596,9 @@ def _shifted_cg(g, mean, columns, gain, diagonal, v, tolerance, iterations):
 
 @register_funcify_default_op_cache_key(LowRankShiftedSolve)
 def _numba_shifted_cg(op, node, **kwargs):
-    tolerance, iterations = op.tolerance, op.iterations
+    # The cap as a NumPy integer: a Python int in the closure is a literal type to numba, which
+    # compiles the loop below once per value (as _numba_lanczos_expm's count).
+    tolerance, iterations = op.tolerance, np.int64(op.iterations)
 
     @numba.njit
     def shifted_cg_kernel(g, mean, columns, gain, diagonal, v):
@@ -608,6 +610,9 @@ def _numba_shifted_cg(op, node, **kwargs):
 @register_funcify_default_op_cache_key(LowRankExpm)
 def _numba_lanczos_expm(op, node, **kwargs):
     u, max_products = op._constants()
+    # A NumPy integer, not a Python int, which numba types as a literal and for which it
+    # compiled _lanczos_expm once per cap (about 1 s with empty caches; a float is never one).
+    max_products = np.int64(max_products)
 
     @numba.njit
     def lanczos_expm_kernel(g, mean, columns, gain, shift, t, v):

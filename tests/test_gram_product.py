@@ -135,8 +135,20 @@ rng = np.random.default_rng(5)
 for shift in (0.0, 100.0):  # the rows themselves, then a centred copy
     rows = (rng.standard_normal((16, 6)) + shift).astype("float32")
     products(rows, rows.astype("float64").mean(0), rng.standard_normal((3, 6)))
-for kernel in (_uncentred_gram_single, _gram_uncentred_sums):
-    assert kernel.signatures, kernel
+# The Krylov loops with two caps each, as two ops' kernels: their caps reach the loops as
+# plain integers, not literals (one compiled loop whatever the cap).
+from pymc_sgmcmc.krylov import LowRankExpm, LowRankShiftedSolve, _lanczos_expm, _shifted_cg
+from pymc_sgmcmc.krylov import _numba_lanczos_expm, _numba_shifted_cg
+g, v = rng.standard_normal((16, 6)).astype("float32"), rng.standard_normal(6)
+mean, ones, gain = g.astype("float64").mean(0), np.ones(6), np.array(0.1)
+for cap in (64, 3):
+    _numba_lanczos_expm(LowRankExpm("half", cap), None)[0](
+        g, mean, ones, gain, ones, np.array(0.2), v
+    )
+    _numba_shifted_cg(LowRankShiftedSolve(1e-6, cap), None)[0](g, mean, ones, gain, ones, v)
+kernels = (_uncentred_gram_single, _gram_uncentred_sums, _lanczos_expm, _shifted_cg)
+for kernel in kernels:
+    assert len(kernel.signatures) == 1, (kernel, kernel.signatures)
     for signature in kernel.signatures:
         print(sum(isinstance(a, types.Literal) for a in signature))
 """
@@ -146,13 +158,15 @@ def test_krylov_products_compile_their_loop_once_whatever_the_flag(tmp_path):
     # The first product sums the rows' squares and the later ones do not, through one
     # runtime flag. Passed as a constant True or False, the flag is a literal type to numba,
     # which then compiled the product loop once for each value (until 2026-12-06: about 1 s
-    # of numba in mCCAdL's and NOGIN's first draw with empty caches).
+    # of numba in mCCAdL's and NOGIN's first draw with empty caches). Likewise the Lanczos
+    # and conjugate-gradient loops for each cap on their products (until 2026-12-07, stop 101:
+    # about 1 s each for every other ``expm_max_products`` or CG cap).
     env = dict(os.environ, NUMBA_CACHE_DIR=str(tmp_path))
     run = subprocess.run(
         [sys.executable, "-c", LITERAL_SIGNATURES], env=env, capture_output=True, text=True
     )
     assert run.returncode == 0, run.stderr
-    assert run.stdout.split() == ["0", "0"]  # one signature each, no literal argument
+    assert run.stdout.split() == ["0"] * 4  # one signature each, no literal argument
 
 
 def test_krylov_products_of_float64_rows_are_the_uncentred_float64_sums():

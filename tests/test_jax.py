@@ -460,29 +460,36 @@ def test_jax_low_rank_kernels_equal_the_numba_kernels(column_map):
     inputs = [pt.matrix(), pt.vector(), pt.tensor(shape=(None,) * columns.ndim)]
     inputs += [pt.scalar(), pt.vector(), pt.scalar()]
     vector = pt.vector()
-    counts = []
-    for cap in (64, 4):
-        outputs = [
+    caps = (64, 4)
+    outputs = []
+    for cap in caps:  # both caps in one function: one compilation on each backend
+        outputs += [
             *LowRankExpm("double", cap)(*inputs, vector),
             # At t = 0.05, 4 products and a shifted T of norm 1.1 (the Taylor series in 4
             # substeps); at t = 0.2, 7 products and one too wide for the series.
             *LowRankExpm("half", cap)(*inputs, vector),
-            LowRankShiftedSolve(1e-12, 200)(*inputs[:5], vector),
-            # A loose tolerance on a well-conditioned system (a few iterations), which one
-            # iteration more or less would miss by far.
-            LowRankShiftedSolve(1e-3, 200)(*inputs[:4], 10.0 + inputs[4], vector),
         ]
-        on_numba, on_jax = (
-            pytensor.function([*inputs, vector], outputs, mode=prepare(mode))
-            for prepare, mode in ((with_covariance_kernels, "NUMBA"), (for_jax, "JAX"))
-        )
-        for t in (0.001, 0.05, 0.2):
-            expected, result = on_numba(*operator, t, v), on_jax(*operator, t, v)
-            np.testing.assert_allclose(result[0], expected[0], rtol=0, atol=1e-14)
-            assert result[1] == expected[1] and result[3] == expected[3]
-            np.testing.assert_allclose(result[2], expected[2], rtol=0, atol=1e-14)
-            np.testing.assert_allclose(result[4], expected[4], rtol=0, atol=1e-12)
-            np.testing.assert_allclose(result[5], expected[5], rtol=0, atol=1e-14)
-            counts.append(int(result[1]))
-            assert np.isnan(result[0]).all() == (cap == 4)
+    outputs += [
+        LowRankShiftedSolve(1e-12, 200)(*inputs[:5], vector),
+        # A loose tolerance on a well-conditioned system (a few iterations), which one
+        # iteration more or less would miss by far.
+        LowRankShiftedSolve(1e-3, 200)(*inputs[:4], 10.0 + inputs[4], vector),
+    ]
+    on_numba, on_jax = (
+        pytensor.function([*inputs, vector], outputs, mode=prepare(mode))
+        for prepare, mode in ((with_covariance_kernels, "NUMBA"), (for_jax, "JAX"))
+    )
+    counts = []
+    for t in (0.001, 0.05, 0.2):
+        expected, result = on_numba(*operator, t, v), on_jax(*operator, t, v)
+        for i, cap in enumerate(caps):
+            double, count, half, half_count = range(4 * i, 4 * i + 4)
+            np.testing.assert_allclose(result[double], expected[double], rtol=0, atol=1e-14)
+            assert result[count] == expected[count]
+            assert result[half_count] == expected[half_count]
+            np.testing.assert_allclose(result[half], expected[half], rtol=0, atol=1e-14)
+            counts.append(int(result[count]))
+            assert np.isnan(result[double]).all() == (cap == 4)
+        np.testing.assert_allclose(result[-2], expected[-2], rtol=0, atol=1e-12)
+        np.testing.assert_allclose(result[-1], expected[-1], rtol=0, atol=1e-14)
     assert min(counts) <= SMALL_TRIDIAGONAL < max(counts) < 64

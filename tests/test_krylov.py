@@ -59,16 +59,16 @@ def forms(gradients, columns, intensity):
     }
 
 
-def expm_functions(form: str, max_products: int, dtype: str = "float64", tolerance="half"):
-    """:func:`kernel_and_graph_functions` of one form's product; each returns
-    (exp(t Sigma) v, products, Sigma as a dense matrix)."""
+def expm_functions(form: str, caps=(64,), dtype: str = "float64", tolerance="half"):
+    """:func:`kernel_and_graph_functions` of one form's product with each cap on its count, in
+    one function (one numba compilation); each returns exp(t Sigma) v and the products for
+    each cap in turn, then Sigma as a dense matrix."""
     gradients, v = pt.matrix("G", dtype=dtype), pt.vector("v", dtype=dtype)
     columns, intensity, t = pt.vector("s", dtype=dtype), pt.scalar("rho"), pt.scalar("t")
     sigma = forms(gradients, columns, intensity)[form]
-    result, count = sigma.expm_matvec(t, v, tolerance, max_products)
-    outputs = [result, count, sigma.dense()]
+    outputs = [x for cap in caps for x in sigma.expm_matvec(t, v, tolerance, cap)]
     inputs = [gradients, v, columns, intensity, t]
-    return kernel_and_graph_functions(inputs, outputs)
+    return kernel_and_graph_functions(inputs, [*outputs, sigma.dense()])
 
 
 def kernel_and_graph_functions(inputs, outputs):
@@ -104,15 +104,18 @@ def test_kernel_runs_the_graphs_algorithm_step_for_step(form, tolerance):
     # rounding, and NaN in both where the a-posteriori check rejects the capped product.
     rng = np.random.default_rng(1)
     rows, vector, columns = example(rng)
-    for cap in (64, 3):
-        fused, perform, graph = expm_functions(form, cap, tolerance=tolerance)
-        dense = graph(rows, vector, columns, 0.3, 0.0)[2]
-        top = np.linalg.eigvalsh(dense).max()
-        for norm in (0.4, 5.0):
-            t = -norm / top
-            expected, count, _ = graph(rows, vector, columns, 0.3, t)
-            for kernel in (fused, perform):
-                result, products, _ = kernel(rows, vector, columns, 0.3, t)
+    caps = (64, 3)
+    fused, perform, graph = expm_functions(form, caps, tolerance=tolerance)
+    dense = graph(rows, vector, columns, 0.3, 0.0)[-1]
+    top = np.linalg.eigvalsh(dense).max()
+    for norm in (0.4, 5.0):
+        t = -norm / top
+        graphs = graph(rows, vector, columns, 0.3, t)
+        kernels = [kernel(rows, vector, columns, 0.3, t) for kernel in (fused, perform)]
+        for i in range(len(caps)):
+            expected, count = graphs[2 * i : 2 * i + 2]
+            for outputs in kernels:
+                result, products = outputs[2 * i : 2 * i + 2]
                 assert products == count
                 if np.isnan(expected).all():
                     assert np.isnan(result).all()
@@ -149,7 +152,7 @@ def test_kernel_in_single_precision():
     # single: they agree to some float32 rounding units of ||v||.
     rng = np.random.default_rng(2)
     rows, vector, columns = example(rng, "float32")
-    fused, _, graph = expm_functions("preconditioned", 64, "float32")
+    fused, _, graph = expm_functions("preconditioned", dtype="float32")
     top = np.linalg.eigvalsh(graph(rows, vector, columns, 0.0, 0.0)[2]).max()
     result, products, _ = fused(rows, vector, columns, 0.0, -0.4 / top)
     expected, count, _ = graph(rows, vector, columns, 0.0, -0.4 / top)
