@@ -41,6 +41,7 @@ import numba
 import numpy as np
 import pytensor
 import pytensor.tensor as pt
+from numba.core import types
 from numba.extending import overload
 from pytensor.compile import optdb
 from pytensor.graph.basic import Apply, Variable
@@ -401,6 +402,21 @@ optdb.register(
 )
 
 
+def _plain(x):
+    """``x`` as a writable C-contiguous array: in numba a copy where its type is not one (a
+    constant of the graph is read-only, a vector taken from a matrix may be strided), so that
+    the loops below are compiled once per dtype and shape rather than once per flag and
+    layout of their small operands; NumPy's ``x`` itself in Python."""
+    return x
+
+
+@overload(_plain, jit_options={"cache": True})
+def _overload_plain(x):
+    if isinstance(x, types.Array) and (x.layout != "C" or not x.mutable):
+        return lambda x: x.copy()  # D entries at most: the operator's vectors and scalars
+    return lambda x: x
+
+
 @numba.njit(cache=True)
 def _check(ok: bool) -> None:
     if not ok:
@@ -602,7 +618,9 @@ def _numba_shifted_cg(op, node, **kwargs):
 
     @numba.njit
     def shifted_cg_kernel(g, mean, columns, gain, diagonal, v):
-        return _shifted_cg(g, mean, columns, gain, diagonal, v, tolerance, iterations)
+        # The operator's small operands as _plain arrays: one compiled loop per dtype and shape.
+        operator = _plain(mean), _plain(columns), _plain(gain), _plain(diagonal)
+        return _shifted_cg(g, *operator, v, tolerance, iterations)
 
     return shifted_cg_kernel, _CACHE_SALT
 
@@ -616,7 +634,8 @@ def _numba_lanczos_expm(op, node, **kwargs):
 
     @numba.njit
     def lanczos_expm_kernel(g, mean, columns, gain, shift, t, v):
-        return _lanczos_expm(g, mean, columns, gain, shift, t, v, u, max_products)
+        operator = _plain(mean), _plain(columns), _plain(gain), _plain(shift)  # as in the CG's
+        return _lanczos_expm(g, *operator, _plain(t), v, u, max_products)
 
     return lanczos_expm_kernel, _CACHE_SALT
 
@@ -629,6 +648,8 @@ _CACHE_SALT = int(
             + [
                 inspect.getsource(f)
                 for f in (
+                    _plain,
+                    _overload_plain,
                     _check,
                     _map_in,
                     _map_out,

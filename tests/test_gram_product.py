@@ -136,16 +136,19 @@ for shift in (0.0, 100.0):  # the rows themselves, then a centred copy
     rows = (rng.standard_normal((16, 6)) + shift).astype("float32")
     products(rows, rows.astype("float64").mean(0), rng.standard_normal((3, 6)))
 # The Krylov loops with two caps each, as two ops' kernels: their caps reach the loops as
-# plain integers, not literals (one compiled loop whatever the cap).
+# plain integers, not literals, and their small operands as writable C-contiguous arrays
+# (a graph's constant is read-only; a strided view here): one compiled loop for all.
 from pymc_sgmcmc.krylov import LowRankExpm, LowRankShiftedSolve, _lanczos_expm, _shifted_cg
 from pymc_sgmcmc.krylov import _numba_lanczos_expm, _numba_shifted_cg
 g, v = rng.standard_normal((16, 6)).astype("float32"), rng.standard_normal(6)
-mean, ones, gain = g.astype("float64").mean(0), np.ones(6), np.array(0.1)
-for cap in (64, 3):
+mean, gain = g.astype("float64").mean(0), np.array(0.1)
+constant = np.ones(6)
+constant.flags.writeable = False
+for cap, ones, centre in [(64, np.ones(6), mean), (3, constant, np.repeat(mean, 2)[::2])]:
     _numba_lanczos_expm(LowRankExpm("half", cap), None)[0](
-        g, mean, ones, gain, ones, np.array(0.2), v
+        g, centre, ones, gain, ones, np.array(0.2), v
     )
-    _numba_shifted_cg(LowRankShiftedSolve(1e-6, cap), None)[0](g, mean, ones, gain, ones, v)
+    _numba_shifted_cg(LowRankShiftedSolve(1e-6, cap), None)[0](g, centre, ones, gain, ones, v)
 kernels = (_uncentred_gram_single, _gram_uncentred_sums, _lanczos_expm, _shifted_cg)
 for kernel in kernels:
     assert len(kernel.signatures) == 1, (kernel, kernel.signatures)
@@ -159,8 +162,9 @@ def test_krylov_products_compile_their_loop_once_whatever_the_flag(tmp_path):
     # runtime flag. Passed as a constant True or False, the flag is a literal type to numba,
     # which then compiled the product loop once for each value (until 2026-12-06: about 1 s
     # of numba in mCCAdL's and NOGIN's first draw with empty caches). Likewise the Lanczos
-    # and conjugate-gradient loops for each cap on their products (until 2026-12-07, stop 101:
-    # about 1 s each for every other ``expm_max_products`` or CG cap).
+    # and conjugate-gradient loops for each cap on their products, and for each read-only
+    # flag and layout of their operators' vectors (until 2026-12-07, stop 101: 37 and 19
+    # compiled loops in a run of the default tests, about 1-4 s each).
     env = dict(os.environ, NUMBA_CACHE_DIR=str(tmp_path))
     run = subprocess.run(
         [sys.executable, "-c", LITERAL_SIGNATURES], env=env, capture_output=True, text=True
