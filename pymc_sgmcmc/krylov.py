@@ -413,7 +413,8 @@ def _plain(x):
 @overload(_plain, jit_options={"cache": True})
 def _overload_plain(x):
     if isinstance(x, types.Array) and (x.layout != "C" or not x.mutable):
-        return lambda x: x.copy()  # D entries at most: the operator's vectors and scalars
+        # A vector's D numbers (a dense column map, D x D, is a writable input of the block).
+        return lambda x: x.copy()
     return lambda x: x
 
 
