@@ -41,7 +41,6 @@ import numba
 import numpy as np
 import pytensor
 import pytensor.tensor as pt
-from numba.core import types
 from numba.extending import overload
 from pytensor.compile import optdb
 from pytensor.graph.basic import Apply, Variable
@@ -55,6 +54,7 @@ from pytensor.tensor.basic import as_tensor_variable
 from pymc_sgmcmc import gram_product
 from pymc_sgmcmc.gather_dot import _zero
 from pymc_sgmcmc.gram_product import EXPANSIONS, CentredGramProduct, _krylov_gram
+from pymc_sgmcmc.numba_compile import _stable_state, stable_state
 
 #: The error tolerances of :func:`lanczos_expm`: ||error|| <= u ||v||.
 EXPM_TOLERANCE = {"half": 2.0**-11, "single": 2.0**-24, "double": 2.0**-53}
@@ -402,22 +402,6 @@ optdb.register(
 )
 
 
-def _plain(x):
-    """``x`` as a writable C-contiguous array: in numba a copy where its type is not one (a
-    constant of the graph is read-only, a vector taken from a matrix may be strided), so that
-    the loops below are compiled once per dtype and shape rather than once per flag and
-    layout of their small operands; NumPy's ``x`` itself in Python."""
-    return x
-
-
-@overload(_plain, jit_options={"cache": True})
-def _overload_plain(x):
-    if isinstance(x, types.Array) and (x.layout != "C" or not x.mutable):
-        # A vector's D numbers (a dense column map, D x D, is a writable input of the block).
-        return lambda x: x.copy()
-    return lambda x: x
-
-
 @numba.njit(cache=True)
 def _check(ok: bool) -> None:
     if not ok:
@@ -619,9 +603,11 @@ def _numba_shifted_cg(op, node, **kwargs):
 
     @numba.njit
     def shifted_cg_kernel(g, mean, columns, gain, diagonal, v):
-        # The operator's small operands as _plain arrays: one compiled loop per dtype and shape.
-        operator = _plain(mean), _plain(columns), _plain(gain), _plain(diagonal)
-        return _shifted_cg(g, *operator, v, tolerance, iterations)
+        # The operator's small operands as writable C-contiguous arrays (a graph's constant is
+        # read-only, a vector cut from a matrix strided): one compiled loop per dtype and shape.
+        mean, columns, gain = stable_state(mean), stable_state(columns), stable_state(gain)
+        diagonal = stable_state(diagonal)
+        return _shifted_cg(g, mean, columns, gain, diagonal, v, tolerance, iterations)
 
     return shifted_cg_kernel, _CACHE_SALT
 
@@ -635,8 +621,10 @@ def _numba_lanczos_expm(op, node, **kwargs):
 
     @numba.njit
     def lanczos_expm_kernel(g, mean, columns, gain, shift, t, v):
-        operator = _plain(mean), _plain(columns), _plain(gain), _plain(shift)  # as in the CG's
-        return _lanczos_expm(g, *operator, _plain(t), v, u, max_products)
+        # As in the conjugate gradients' kernel.
+        mean, columns, gain = stable_state(mean), stable_state(columns), stable_state(gain)
+        shift, t = stable_state(shift), stable_state(t)
+        return _lanczos_expm(g, mean, columns, gain, shift, t, v, u, max_products)
 
     return lanczos_expm_kernel, _CACHE_SALT
 
@@ -649,8 +637,8 @@ _CACHE_SALT = int(
             + [
                 inspect.getsource(f)
                 for f in (
-                    _plain,
-                    _overload_plain,
+                    stable_state,
+                    _stable_state,
                     _check,
                     _map_in,
                     _map_out,
