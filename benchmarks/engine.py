@@ -16,8 +16,8 @@ Five measurements, each printed as a markdown table (``--output`` also writes th
   two cores (wall time: parallelism is the point), for cheap draws (``--thin`` steps at a
   fixed step size) and for the default ``SGLD()`` (adapted step size and thin; a draw is
   then hundreds of steps), alternated twice, with the main
-  process's CPU time per draw (with ``cores=2`` it unpickles and records every draw of both
-  chains, serially);
+  process's CPU time per draw (with ``cores=2`` it receives and records the draws of both
+  chains, a batch at a time);
 * ``first-draw``: wall (and CPU) time from constructing the step and calling ``pm.sample``
   to the first stored draw, for a first and a second (warm) call in this process;
 * ``per-draw`` (only when named): wall time per stored draw of ``pm.sample`` with the
@@ -202,6 +202,40 @@ def control_variates_table(problems: list[str], thin: int, repeats: int) -> list
     return lines
 
 
+@contextmanager
+def recorded_draws(records: list[tuple[int, int, float, float, list[int]]]):
+    """Each draw or batch of draws as the main process records it into the trace: (chain,
+    index of its first draw in the trace, wall time, this process's CPU time, each draw's
+    thin). ``NDArray.record`` is PyMC's per draw (``cores=1``);
+    :func:`pymc_sgmcmc.parallel._record_batch` takes a worker's batch at once
+    (``cores > 1``). Timing where the draws are recorded, not in a ``pm.sample`` callback:
+    a callback takes every draw, so with one ``cores > 1`` would record draw by draw."""
+    from pymc.backends.ndarray import NDArray
+
+    import pymc_sgmcmc.parallel as parallel
+
+    record, record_batch = NDArray.record, parallel._record_batch
+
+    def timed_record(trace, point, sampler_stats=None, *, in_warmup):
+        record(trace, point, sampler_stats, in_warmup=in_warmup)
+        now = (time.perf_counter(), time.process_time())
+        records.append((trace.chain, trace.draw_idx - 1, *now, [sampler_stats[0]["thin"]]))
+
+    def timed_batch(trace, points, runs):
+        record_batch(trace, points, runs)
+        now = (time.perf_counter(), time.process_time())
+        thins = []
+        for run in runs:
+            thins += run["thin"].tolist() if isinstance(run, dict) else [s["thin"] for (s,) in run]
+        records.append((trace.chain, trace.draw_idx - len(thins), *now, thins))
+
+    NDArray.record, parallel._record_batch = timed_record, timed_batch
+    try:
+        yield
+    finally:
+        NDArray.record, parallel._record_batch = record, record_batch
+
+
 def draws_per_second(
     problem: Problem, chains: int, cores: int, thin: int | None, draws: int
 ) -> tuple[float, float, float, list[int]]:
@@ -213,31 +247,39 @@ def draws_per_second(
     runs. ``thin`` None: the default sampler (``SGLD()``: step size adapted in
     :data:`DEFAULT_TUNE` tuning draws, thin = its relaxation time, which can differ between
     chains); tuning draws are not counted. With cores > 1 the main process receives every
-    draw through a pipe and records it, serially for all chains."""
+    draw through a pipe and records it, for all chains (a batch at a time: a draw counts as
+    recorded when its batch is)."""
     import pymc as pm
 
     import pymc_sgmcmc as sg
 
-    records: list[tuple[int, float, float, int]] = []  # chain, wall, CPU, thin
-
-    def record(trace, draw):
-        if not draw.tuning:
-            now = (time.perf_counter(), time.process_time())
-            records.append((draw.chain, *now, int(draw.stats[0]["thin"])))
-
-    with problem.model():
+    records: list[tuple[int, int, float, float, list[int]]] = []
+    tune = 0 if thin is not None else DEFAULT_TUNE
+    with problem.model(), recorded_draws(records):
         pm.sample(
             draws=draws,
-            tune=0 if thin is not None else DEFAULT_TUNE,
+            tune=tune,
             step=make_step("SGLD", thin) if thin is not None else sg.SGLD(),
             chains=chains,
             cores=cores,
             random_seed=1,
             progressbar=False,
             compute_convergence_checks=False,
-            callback=record,
+            discard_tuned_samples=True,
         )
-    chain, wall, cpu, thins = (np.asarray(column) for column in zip(*records, strict=True))
+    # One row per kept draw, at the time its batch was recorded.
+    chain, wall, cpu, thins = (
+        np.asarray(column)
+        for column in zip(
+            *(
+                (c, w, p, t)
+                for c, first, w, p, batch in records
+                for k, t in enumerate(batch)
+                if first + k >= tune
+            ),
+            strict=True,
+        )
+    )
     per_chain = [wall[chain == c] for c in range(chains)]
     start = max(times[len(times) // 4] for times in per_chain)
     end = min(times[-1] for times in per_chain)
@@ -247,12 +289,15 @@ def draws_per_second(
             f"the {chains} chains never delivered draws at the same time (one ended before "
             "another had stored a quarter of its draws): give them more draws"
         )
+    # The CPU time is read when a batch is recorded: from the batch before the window's
+    # first to the window's last.
     first, last = np.flatnonzero(window)[[0, -1]]
+    before = cpu[wall < wall[first]]
     n = int(window.sum())
     return (
         n / (end - start),
         thins[window].sum() / (end - start),
-        (cpu[last] - cpu[first - 1]) / n * 1e6,
+        (cpu[last] - (before[-1] if len(before) else cpu[first])) / n * 1e6,
         sorted(set(thins.tolist())),
     )
 

@@ -11,11 +11,15 @@ Here a worker computes draws for up to ``BATCH_SECONDS`` (at most as many as fit
 shared buffer, ``BATCH_BYTES``), then hands them over together; while the main process
 records a batch, the workers compute the next. After tuning a worker takes the rest of each
 compiled block at once (``SGMCMC.step_run``: arrays of draws and
-stats, not a ``step`` call and a stats dict per draw), which leaves the second core to the
-main process, which records every draw. Two chains on two cores then deliver 2.0-2.1x the
-steps per second of one chain with ``thin=10``, 1.8x at ``thin=1`` and 1.8-2.0x with the
-defaults (P1 SGLD, two runs, ``benchmarks/engine_results_cores.md``); at ``thin=1`` a
-``step`` call per draw gave 1.45-1.60x in the same measurement.
+stats, not a ``step`` call and a stats dict per draw), and the main process writes each
+batch into PyMC's NumPy traces at once (``_record_batch``: each draw's point through the
+trace's function, the stats column by column) instead of PyMC's loop recording it draw by
+draw. That leaves more of the two cores to the workers: with two chains of P1 SGLD at
+``thin=1`` the main process spent 6-8 µs of CPU per draw against 16-23 µs with PyMC's loop,
+and two chains on two cores delivered 2.2-2.8x the steps per second of one chain against
+1.6-1.9x; with ``thin=10`` 2.0-2.1x against 1.4-2.0x (``benchmarks/engine.py cores``, two
+alternated runs of each, 2026-12-08). A ``callback`` passed to ``pm.sample`` takes every
+draw, so with one (or another trace backend) the draws go through PyMC's loop one by one.
 Only the hand-over changes: every chain runs the same step method from the same generator
 as with ``cores=1``, so the draws and stats are the same. So are the warnings: PyMC's workers
 let a step's ``warnings.warn`` go to the worker's own stderr (or, under a
@@ -25,13 +29,15 @@ a ``cores=2`` caller. A worker here records them and hands them over with the ba
 main process issues them again, through the caller's warning filters.
 
 This module's ``ParallelSampler`` takes the place of ``pymc.sampling.parallel.ParallelSampler``
-when ``pymc_sgmcmc`` is imported (``pm.sample`` looks the class up there and offers no other
-hook); for any step method but an SG sampler it runs PyMC's own code, unchanged.
+and its ``_mp_sample`` (which hands it the traces) that of ``pymc.sampling.mcmc._mp_sample``
+when ``pymc_sgmcmc`` is imported (``pm.sample`` looks both up there and offers no other
+hook); for any step method but an SG sampler they run PyMC's own code, unchanged.
 """
 
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import ctypes
 import multiprocessing
 import time
@@ -39,7 +45,9 @@ import warnings
 from typing import Any
 
 import numpy as np
+import pymc.sampling.mcmc as mcmc
 import pymc.sampling.parallel as ps
+from pymc.backends.ndarray import NDArray
 from pymc.blocking import DictToArrayBijection
 from pymc.progress_bar import MCMCProgressBarManager, default_progress_theme
 from pymc.util import get_state_from_generator
@@ -232,7 +240,8 @@ class _BatchProcessAdapter(ps.ProcessAdapter):
     @staticmethod
     def recv_batch(processes) -> tuple[_BatchProcessAdapter, int, int, list]:
         """The next batch of any of ``processes``: the chain, its first draw's index, the
-        number of draws and their stats (the draws are in the chain's shared buffer)."""
+        number of draws and their stats' runs (:class:`_BatchProcess`'s message; the draws
+        are in the chain's shared buffer)."""
         ready = ps.multiprocessing.connection.wait([proc._msg_pipe for proc in processes])
         proc = next(p for p in processes if p._msg_pipe is ready[0])
         msg = ready[0].recv()
@@ -246,7 +255,7 @@ class _BatchProcessAdapter(ps.ProcessAdapter):
         _issue(caught)
         proc._readable = True
         proc._num_samples += count
-        return proc, first, count, _per_draw_stats(runs)
+        return proc, first, count, runs
 
 
 class ParallelSampler(ps.ParallelSampler):
@@ -289,6 +298,7 @@ class ParallelSampler(ps.ParallelSampler):
             if zarr_chains is not None:
                 zarr_pickled = ps.cloudpickle.dumps(zarr_chains, protocol=-1)
         self._tune, self._total = tune, draws + tune
+        self._traces = _BATCH_TRACES.get()
         self._samplers = [
             _BatchProcessAdapter(
                 draws,
@@ -327,18 +337,24 @@ class ParallelSampler(ps.ParallelSampler):
             raise ValueError("Use ParallelSampler as context manager.")
         self._make_active()
         with self._progress:
-            while self._active:
-                proc, first, count, stats = _BatchProcessAdapter.recv_batch(self._active)
+            for proc, first, count, points, runs in self._batches():
                 chain_done = first + count == self._total
-                # Copied out before the worker may overwrite the buffer with its next batch.
-                points = {name: v[:count].copy() for name, v in proc.shared_point_view.items()}
-                if chain_done:
-                    proc.join()
-                    self._active.remove(proc)
-                    self._finished.append(proc)
-                    self._make_active()
-                else:
-                    proc.write_next()
+                if self._traces is not None:
+                    _record_batch(self._traces[proc.chain], points, runs)
+                    # The bar shows the batch's last stats (cumulative: divergences) for each
+                    # of its draws; the stats are only read where the bar is shown.
+                    last = _last_stats(runs)
+                    for k in range(count):
+                        draw = first + k
+                        self._progress.update(
+                            chain_idx=proc.chain,
+                            is_last=chain_done and k == count - 1,
+                            draw=draw,
+                            tuning=draw < self._tune,
+                            stats=last,
+                        )
+                    continue
+                stats = _per_draw_stats(runs)
                 for k in range(count):
                     draw, is_last = first + k, chain_done and k == count - 1
                     tuning = draw < self._tune
@@ -355,6 +371,62 @@ class ParallelSampler(ps.ParallelSampler):
                     point = {name: values[k, ...] for name, values in points.items()}
                     yield ps.Draw(proc.chain, is_last, draw, tuning, stats[k], point)
 
+    def _batches(self):
+        """Each batch as it arrives: the chain's adapter, its first draw's index, the number
+        of draws, each variable's draws (copied out of the shared buffer) and the stats'
+        runs (:class:`_BatchProcess`'s message). A chain's worker computes its next batch
+        while this one is recorded."""
+        while self._active:
+            proc, first, count, runs = _BatchProcessAdapter.recv_batch(self._active)
+            # Copied out before the worker may overwrite the buffer with its next batch.
+            points = {name: v[:count].copy() for name, v in proc.shared_point_view.items()}
+            if first + count == self._total:
+                proc.join()
+                self._active.remove(proc)
+                self._finished.append(proc)
+                self._make_active()
+            else:
+                proc.write_next()
+            yield proc, first, count, points, runs
+
+
+def _last_stats(runs: list) -> list[dict]:
+    """The stats of a batch's last draw in PyMC's form (a list with one dict)."""
+    last = runs[-1]
+    if isinstance(last, dict):
+        return [{name: column[-1].item() for name, column in last.items()}]
+    return last[-1]
+
+
+def _record_batch(trace: NDArray, points: dict[str, np.ndarray], runs: list) -> None:
+    """Record a batch as ``trace.record`` records each of its draws (``NDArray.record``:
+    the trace's function of each draw's point, then each stat), but with the stats of a run
+    served by ``step_run`` written column by column, and without PyMC's loop around each
+    draw (see the module docstring). PyMC's loop also looks for a ``"warning"`` stat in each
+    draw's stats: an SG step has none (its warnings travel with the batch)."""
+    start, values = trace.draw_idx, list(points.values())
+    count = len(values[0])
+    columns = [trace.samples[name] for name in trace.varnames]
+    for k in range(count):
+        # values[k, ...]: a scalar variable's draw stays a 0-d array (see __iter__).
+        outputs = trace.fn(*(value[k, ...] for value in values))
+        for column, output in zip(columns, outputs, strict=True):
+            column[start + k] = output
+    (stats,) = trace._stats  # one step method: an SG sampler is never part of a compound step
+    k = start
+    for run in runs:
+        if isinstance(run, dict):
+            n = len(next(iter(run.values())))
+            for name, column in run.items():
+                stats[name][k : k + n] = column
+        else:
+            n = len(run)
+            for i, (draw_stats,) in enumerate(run):
+                for name, value in draw_stats.items():
+                    stats[name][k + i] = value
+        k += n
+    trace.draw_idx = start + count
+
 
 def _without_fork_under_jax(step_method: SGMCMC, mp_ctx):
     """``mp_ctx``, or forkserver (spawn where there is none) in place of fork for a step that
@@ -369,6 +441,35 @@ def _without_fork_under_jax(step_method: SGMCMC, mp_ctx):
     return multiprocessing.get_context("forkserver" if "forkserver" in methods else "spawn")
 
 
+#: The traces that the running ``pm.sample`` call's :class:`ParallelSampler` records its
+#: batches into itself (:func:`_mp_sample`); None where PyMC's loop records each draw.
+_BATCH_TRACES: contextvars.ContextVar[list | None] = contextvars.ContextVar(
+    "batch_traces", default=None
+)
+
+_PYMC_MP_SAMPLE = mcmc._mp_sample
+
+
+def _mp_sample(*, step, traces, callback=None, **kwargs):
+    """PyMC's ``_mp_sample``, whose loop records each draw the sampler yields
+    (``trace.record``); for an SG step method recording into PyMC's default NumPy traces
+    without a ``callback`` (which takes each draw), :class:`ParallelSampler` records each
+    batch itself (:func:`_record_batch`) and yields nothing. The same draws and stats land in
+    the same places."""
+    batched = (
+        isinstance(step, SGMCMC)
+        and callback is None
+        and all(type(trace) is NDArray for trace in traces)
+    )
+    token = _BATCH_TRACES.set(traces if batched else None)
+    try:
+        return _PYMC_MP_SAMPLE(step=step, traces=traces, callback=callback, **kwargs)
+    finally:
+        _BATCH_TRACES.reset(token)
+
+
 def install() -> None:
-    """Make ``pm.sample(cores > 1)`` use this module's ``ParallelSampler`` (idempotent)."""
+    """Make ``pm.sample(cores > 1)`` use this module's ``ParallelSampler`` and record its
+    batches (idempotent)."""
     ps.ParallelSampler = ParallelSampler
+    mcmc._mp_sample = _mp_sample

@@ -15,6 +15,8 @@ import pymc as pm
 import pymc.sampling.parallel as ps
 import pytest
 from models import GaussianRegression
+from pymc.backends.ndarray import NDArray
+from pymc.progress_bar import MCMCProgressBarManager
 
 from pymc_sgmcmc import SGLD, SGNHT
 from pymc_sgmcmc import parallel as sg_parallel
@@ -41,9 +43,48 @@ def test_pm_sample_uses_the_batching_sampler():
     assert ps.ParallelSampler is sg_parallel.ParallelSampler
 
 
-def test_batched_chains_equal_sequential_chains(handovers):
+@pytest.fixture
+def progress_updates(monkeypatch):
+    """The progress bar's updates in this (the main) process: (chain, draw, tuning, last)."""
+    updates: list[tuple[int, int, bool, bool]] = []
+    update = MCMCProgressBarManager.update
+
+    def recording(self, chain_idx, is_last, draw, tuning, stats):
+        updates.append((chain_idx, draw, tuning, is_last))
+        update(self, chain_idx, is_last, draw, tuning, stats)
+
+    monkeypatch.setattr(MCMCProgressBarManager, "update", recording)
+    return updates
+
+
+@pytest.fixture
+def per_draw_records(monkeypatch):
+    """How many draws this (the main) process recorded one by one (``NDArray.record``)."""
+    count = [0]
+    record = NDArray.record
+
+    def counting(self, *args, **kwargs):
+        count[0] += 1
+        record(self, *args, **kwargs)
+
+    monkeypatch.setattr(NDArray, "record", counting)
+    return count
+
+
+@pytest.mark.parametrize("recording", ["batches", "callback"])
+def test_batched_chains_equal_sequential_chains(
+    recording, handovers, progress_updates, per_draw_records
+):
     # Three chains on two cores (one waits for a free core), tuning draws kept: every draw,
-    # tuning flag and stat arrives where the sequential run puts it.
+    # tuning flag and stat arrives where the sequential run puts it. Without a callback the
+    # main process records each batch at once; a callback takes every draw, so with one each
+    # draw goes through PyMC's loop. Either way the progress bar advances draw by draw.
+    seen: list[tuple[int, int]] = []
+    callback = (
+        (lambda trace, draw: seen.append((draw.chain, draw.draw_idx)))
+        if recording == "callback"
+        else None
+    )
     with GaussianRegression.make(n_obs=500, dim=2, batch_size=50).model():
         step = SGNHT(step_size=1e-3, friction=5.0, thin=3)
         kwargs = dict(
@@ -51,7 +92,9 @@ def test_batched_chains_equal_sequential_chains(handovers):
             discard_tuned_samples=False, **SAMPLE_KWARGS,
         )  # fmt: skip
         sequential = pm.sample(cores=1, **kwargs)
-        parallel = pm.sample(cores=2, mp_ctx="forkserver", **kwargs)
+        recorded_sequentially = per_draw_records[0]
+        progress_updates.clear()
+        parallel = pm.sample(cores=2, mp_ctx="forkserver", callback=callback, **kwargs)
     for group in ("posterior", "warmup_posterior", "sample_stats", "warmup_sample_stats"):
         assert set(sequential[group].data_vars) == set(parallel[group].data_vars)
         for name in sequential[group].data_vars:
@@ -60,6 +103,14 @@ def test_batched_chains_equal_sequential_chains(handovers):
             )
     assert sum(handovers) == 3 * 1000
     assert len(handovers) < 3 * 1000 / 10, "draws travel in batches"
+    assert recorded_sequentially == 3 * 1000
+    recorded_in_parallel = per_draw_records[0] - recorded_sequentially
+    assert recorded_in_parallel == (3 * 1000 if recording == "callback" else 0)
+    if recording == "callback":
+        assert sorted(seen) == [(chain, k) for chain in range(3) for k in range(1000)]
+    for chain in range(3):
+        updates = [u[1:] for u in progress_updates if u[0] == chain]
+        assert updates == [(k, k < 300, k == 999) for k in range(1000)]
 
 
 def runtime_warnings(caught: list) -> list[str]:
