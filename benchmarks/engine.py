@@ -204,17 +204,17 @@ def control_variates_table(problems: list[str], thin: int, repeats: int) -> list
 
 @contextmanager
 def recorded_draws(records: list[tuple[int, int, float, float, list[int]]]):
-    """Each draw or batch of draws as the main process records it into the trace: (chain,
+    """Each draw or run of draws as the main process records it into the trace: (chain,
     index of its first draw in the trace, wall time, this process's CPU time, each draw's
-    thin). ``NDArray.record`` is PyMC's per draw (``cores=1``);
-    :func:`pymc_sgmcmc.parallel._record_batch` takes a worker's batch at once
-    (``cores > 1``). Timing where the draws are recorded, not in a ``pm.sample`` callback:
-    a callback takes every draw, so with one ``cores > 1`` would record draw by draw."""
+    thin). ``NDArray.record`` is PyMC's per draw; :func:`pymc_sgmcmc.recording.record_batch`
+    takes a run (``cores=1``) or a worker's batch (``cores > 1``) at once. Timed where the
+    draws are recorded, not in a ``pm.sample`` callback: under a callback, which takes every
+    draw, ``pm.sample`` records draw by draw."""
     from pymc.backends.ndarray import NDArray
 
-    import pymc_sgmcmc.parallel as parallel
+    import pymc_sgmcmc.recording as recording
 
-    record, record_batch = NDArray.record, parallel._record_batch
+    record, record_batch = NDArray.record, recording.record_batch
 
     def timed_record(trace, point, sampler_stats=None, *, in_warmup):
         record(trace, point, sampler_stats, in_warmup=in_warmup)
@@ -229,15 +229,20 @@ def recorded_draws(records: list[tuple[int, int, float, float, list[int]]]):
             thins += run["thin"].tolist() if isinstance(run, dict) else [s["thin"] for (s,) in run]
         records.append((trace.chain, trace.draw_idx - len(thins), *now, thins))
 
-    NDArray.record, parallel._record_batch = timed_record, timed_batch
+    NDArray.record, recording.record_batch = timed_record, timed_batch
     try:
         yield
     finally:
-        NDArray.record, parallel._record_batch = record, record_batch
+        NDArray.record, recording.record_batch = record, record_batch
 
 
 def draws_per_second(
-    problem: Problem, chains: int, cores: int, thin: int | None, draws: int
+    problem: Problem,
+    chains: int,
+    cores: int,
+    thin: int | None,
+    draws: int,
+    draw_by_draw: bool = False,
 ) -> tuple[float, float, float, list[int]]:
     """Steady draws/s and integrator steps/s of all chains together, this (main) process's
     CPU µs per draw, and the thins seen: while every chain delivers, from the latest of the
@@ -248,7 +253,9 @@ def draws_per_second(
     :data:`DEFAULT_TUNE` tuning draws, thin = its relaxation time, which can differ between
     chains); tuning draws are not counted. With cores > 1 the main process receives every
     draw through a pipe and records it, for all chains (a batch at a time: a draw counts as
-    recorded when its batch is)."""
+    recorded when its batch is). ``draw_by_draw``: a callback that does nothing, under which
+    ``pm.sample`` records each draw through PyMC's loop (``step`` once per draw) instead of
+    each run of draws at once (:mod:`pymc_sgmcmc.recording`)."""
     import pymc as pm
 
     import pymc_sgmcmc as sg
@@ -266,6 +273,7 @@ def draws_per_second(
             progressbar=False,
             compute_convergence_checks=False,
             discard_tuned_samples=True,
+            callback=(lambda trace, draw: None) if draw_by_draw else None,
         )
     # One row per kept draw, at the time its batch was recorded.
     chain, wall, cpu, thins = (
@@ -371,7 +379,9 @@ def per_draw_table(problems: list[str], thin: int, draws: int, rounds: int = 3) 
     the package's ``SGMCMC.step``, which serves a point PyMC hands back without PyMC's
     dict / array round trip, and with PyMC's ``ArrayStepShared.step``: alternated
     ``rounds`` times, medians. Everything else per draw (PyMC's loop, its trace's recording
-    function, the stats) is the same on both sides."""
+    function, the stats) is the same on both sides. Both run PyMC's loop draw by draw (a
+    callback): without one ``pm.sample`` records each run of draws at once, calling ``step``
+    only while tuning."""
     lines = [
         f"Wall µs per stored draw of `pm.sample` (1 chain, {draws} draws, SGLD at eps = "
         f"{STEP_SIZES['SGLD']:g}; steady state over the last three quarters), with "
@@ -388,8 +398,8 @@ def per_draw_table(problems: list[str], thin: int, draws: int, rounds: int = 3) 
             ours, pymcs = [], []
             for _ in range(rounds):
                 with pymc_round_trip():
-                    pymcs.append(1e6 / draws_per_second(problem, 1, 1, t, draws)[0])
-                ours.append(1e6 / draws_per_second(problem, 1, 1, t, draws)[0])
+                    pymcs.append(1e6 / draws_per_second(problem, 1, 1, t, draws, True)[0])
+                ours.append(1e6 / draws_per_second(problem, 1, 1, t, draws, True)[0])
             cells = [f"{np.median(x):,.1f} ({min(x):,.1f}-{max(x):,.1f})" for x in (pymcs, ours)]
             ratio = np.median(pymcs) / np.median(ours)
             lines.append(f"| {key} | {t} | {cells[0]} | {cells[1]} | {ratio:.2f} |")

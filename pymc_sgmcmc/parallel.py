@@ -10,16 +10,14 @@ chain, with ``thin=1`` 0.55x.
 Here a worker computes draws for up to ``BATCH_SECONDS`` (at most as many as fit in its
 shared buffer, ``BATCH_BYTES``), then hands them over together; while the main process
 records a batch, the workers compute the next. After tuning a worker takes the rest of each
-compiled block at once (``SGMCMC.step_run``: arrays of draws and
-stats, not a ``step`` call and a stats dict per draw), and the main process writes each
-batch into PyMC's NumPy traces at once (``_record_batch``: each draw's point through the
-trace's function, the stats column by column) instead of PyMC's loop recording it draw by
-draw. That leaves more of the two cores to the workers: with two chains of P1 SGLD at
-``thin=1`` the main process spent 6-8 µs of CPU per draw against 16-23 µs with PyMC's loop,
-and two chains on two cores delivered 2.2-2.8x the steps per second of one chain against
-1.6-1.9x; with ``thin=10`` 2.0-2.1x against 1.4-2.0x (``benchmarks/engine.py cores``, two
-alternated runs of each, 2026-12-08). A ``callback`` passed to ``pm.sample`` takes every
-draw, so with one (or another trace backend) the draws go through PyMC's loop one by one.
+compiled block at once (``SGMCMC.step_run``: arrays of draws and stats, not a ``step`` call
+and a stats dict per draw), and the main process writes each batch into PyMC's NumPy traces
+at once (:mod:`pymc_sgmcmc.recording`) instead of PyMC's loop recording it draw by draw.
+That leaves more of the two cores to the workers: with two chains of P1 SGLD at ``thin=1``
+the main process spent 6-8 µs of CPU per draw against 16-23 µs with PyMC's loop
+(``benchmarks/engine_results_cores_batch_recording.md``). A ``callback`` passed to
+``pm.sample`` takes every draw, so with one (or another trace backend) the draws go through
+PyMC's loop one by one.
 Only the hand-over changes: every chain runs the same step method from the same generator
 as with ``cores=1``, so the draws and stats are the same. So are the warnings: PyMC's workers
 let a step's ``warnings.warn`` go to the worker's own stderr (or, under a
@@ -47,11 +45,11 @@ from typing import Any
 import numpy as np
 import pymc.sampling.mcmc as mcmc
 import pymc.sampling.parallel as ps
-from pymc.backends.ndarray import NDArray
 from pymc.blocking import DictToArrayBijection
 from pymc.progress_bar import MCMCProgressBarManager, default_progress_theme
 from pymc.util import get_state_from_generator
 
+from pymc_sgmcmc import recording
 from pymc_sgmcmc.base import SGMCMC, stat_rows
 
 __all__ = ["BATCH_BYTES", "BATCH_SECONDS", "ParallelSampler", "install"]
@@ -340,10 +338,9 @@ class ParallelSampler(ps.ParallelSampler):
             for proc, first, count, points, runs in self._batches():
                 chain_done = first + count == self._total
                 if self._traces is not None:
-                    _record_batch(self._traces[proc.chain], points, runs)
-                    # The bar shows the batch's last stats (cumulative: divergences) for each
-                    # of its draws; the stats are only read where the bar is shown.
-                    last = _last_stats(runs)
+                    recording.record_batch(self._traces[proc.chain], points, runs)
+                    # The bar advances draw by draw, showing the batch's last stats.
+                    last = recording.last_stats(runs)
                     for k in range(count):
                         draw = first + k
                         self._progress.update(
@@ -390,44 +387,6 @@ class ParallelSampler(ps.ParallelSampler):
             yield proc, first, count, points, runs
 
 
-def _last_stats(runs: list) -> list[dict]:
-    """The stats of a batch's last draw in PyMC's form (a list with one dict)."""
-    last = runs[-1]
-    if isinstance(last, dict):
-        return [{name: column[-1].item() for name, column in last.items()}]
-    return last[-1]
-
-
-def _record_batch(trace: NDArray, points: dict[str, np.ndarray], runs: list) -> None:
-    """Record a batch as ``trace.record`` records each of its draws (``NDArray.record``:
-    the trace's function of each draw's point, then each stat), but with the stats of a run
-    served by ``step_run`` written column by column, and without PyMC's loop around each
-    draw (see the module docstring). PyMC's loop also looks for a ``"warning"`` stat in each
-    draw's stats: an SG step has none (its warnings travel with the batch)."""
-    start, values = trace.draw_idx, list(points.values())
-    count = len(values[0])
-    columns = [trace.samples[name] for name in trace.varnames]
-    for k in range(count):
-        # values[k, ...]: a scalar variable's draw stays a 0-d array (see __iter__).
-        outputs = trace.fn(*(value[k, ...] for value in values))
-        for column, output in zip(columns, outputs, strict=True):
-            column[start + k] = output
-    (stats,) = trace._stats  # one step method: an SG sampler is never part of a compound step
-    k = start
-    for run in runs:
-        if isinstance(run, dict):
-            n = len(next(iter(run.values())))
-            for name, column in run.items():
-                stats[name][k : k + n] = column
-        else:
-            n = len(run)
-            for i, (draw_stats,) in enumerate(run):
-                for name, value in draw_stats.items():
-                    stats[name][k + i] = value
-        k += n
-    trace.draw_idx = start + count
-
-
 def _without_fork_under_jax(step_method: SGMCMC, mp_ctx):
     """``mp_ctx``, or forkserver (spawn where there is none) in place of fork for a step that
     compiles with JAX: forking a process in which JAX has started its threads can deadlock,
@@ -452,15 +411,11 @@ _PYMC_MP_SAMPLE = mcmc._mp_sample
 
 def _mp_sample(*, step, traces, callback=None, **kwargs):
     """PyMC's ``_mp_sample``, whose loop records each draw the sampler yields
-    (``trace.record``); for an SG step method recording into PyMC's default NumPy traces
-    without a ``callback`` (which takes each draw), :class:`ParallelSampler` records each
-    batch itself (:func:`_record_batch`) and yields nothing. The same draws and stats land in
-    the same places."""
-    batched = (
-        isinstance(step, SGMCMC)
-        and callback is None
-        and all(type(trace) is NDArray for trace in traces)
-    )
+    (``trace.record``); where :func:`~pymc_sgmcmc.recording.records_in_batches` holds,
+    :class:`ParallelSampler` records each batch itself
+    (:func:`~pymc_sgmcmc.recording.record_batch`) and yields nothing. The same draws and
+    stats land in the same places."""
+    batched = recording.records_in_batches(step, traces, callback)
     token = _BATCH_TRACES.set(traces if batched else None)
     try:
         return _PYMC_MP_SAMPLE(step=step, traces=traces, callback=callback, **kwargs)
