@@ -9,7 +9,7 @@ about 19 µs per draw with one chain, and 16-23 µs of the main process's CPU pe
 chains, where it shares the two cores with both workers.
 
 After tuning an SG step hands out the rest of each compiled block at once
-(:meth:`~pymc_sgmcmc.base.SGMCMC.step_run`: the draws and stats as arrays), and
+(``SGMCMC.step_run``: the draws and stats as arrays), and
 :func:`record_batch` writes such a run into the trace: the trace's function still evaluates
 each draw's point, but the stats go in column by column. The draws, stats and tuning flags
 are those PyMC's loop records, in the same places; the progress bar still advances draw by
