@@ -3,10 +3,11 @@
 PyMC's sampling loops (``pymc.sampling.mcmc._iter_sample`` for ``cores=1``, ``_mp_sample``
 for parallel chains) record each draw: a ``step`` call, the trace's compiled function of
 the point, one array write per stat, a check for a ``"warning"`` stat. An SG draw can be a
-single integrator step of a few µs, served from a compiled block, and then that per-draw
-Python costs more than the draw: with P1 SGLD at ``thin=1`` (a 14 µs step) PyMC's loop took
-about 19 µs per draw with one chain, and 16-23 µs of the main process's CPU per draw with two
-chains, where it shares the two cores with both workers.
+single integrator step of 14-20 µs, served from a compiled block, and then that per-draw
+Python costs about as much as the draw: with P1 SGLD at ``thin=1`` one chain's process took
+34-46 µs of CPU per draw with PyMC's loop and 22-36 µs with the runs recorded here, and with
+two chains, where the main process shares the two cores with both workers, the main process
+15-19 µs per draw against 5-9 µs (``benchmarks/engine_results_cores_batch_recording.md``).
 
 After tuning an SG step hands out the rest of each compiled block at once
 (``SGMCMC.step_run``: the draws and stats as arrays), and
