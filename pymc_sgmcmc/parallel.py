@@ -337,21 +337,13 @@ class ParallelSampler(ps.ParallelSampler):
         with self._progress:
             for proc, first, count, points, runs in self._batches():
                 chain_done = first + count == self._total
-                if self._traces is not None:
+                recorded = self._traces is not None
+                if recorded:
                     recording.record_batch(self._traces[proc.chain], points, runs)
                     # The bar advances draw by draw, showing the batch's last stats.
-                    last = recording.last_stats(runs)
-                    for k in range(count):
-                        draw = first + k
-                        self._progress.update(
-                            chain_idx=proc.chain,
-                            is_last=chain_done and k == count - 1,
-                            draw=draw,
-                            tuning=draw < self._tune,
-                            stats=last,
-                        )
-                    continue
-                stats = _per_draw_stats(runs)
+                    stats = [recording.last_stats(runs)] * count
+                else:
+                    stats = _per_draw_stats(runs)
                 for k in range(count):
                     draw, is_last = first + k, chain_done and k == count - 1
                     tuning = draw < self._tune
@@ -362,6 +354,8 @@ class ParallelSampler(ps.ParallelSampler):
                         tuning=tuning,
                         stats=stats[k],
                     )
+                    if recorded:
+                        continue
                     # values[k, ...] keeps a scalar variable's draw a 0-d array, as PyMC's
                     # own hand-over does: a NumPy scalar broke the trace's compiled function
                     # for Deterministics (numba types a float64 scalar apart from arrays).

@@ -22,7 +22,7 @@ def test_pm_sample_records_through_the_packages_loop():
 
 
 def test_runs_recorded_at_once_equal_draws_recorded_one_by_one(progress_updates, per_draw_records):
-    # Two chains one after the other, tuning draws kept, a restart after a divergence: PyMC's
+    # Two chains one after the other, tuning draws kept: PyMC's
     # loop records each tuning draw itself (each feeds the adaptation), then each run the
     # step serves at once; the draws, stats and tuning flags land where PyMC's loop puts
     # them, and the progress bar advances draw by draw. With a callback every draw goes
@@ -57,7 +57,7 @@ def test_runs_recorded_at_once_equal_draws_recorded_one_by_one(progress_updates,
         assert updates == expected
 
 
-def test_a_divergent_chain_is_recorded_as_draw_by_draw(per_draw_records):
+def test_a_divergent_chain_is_recorded_as_draw_by_draw():
     # eps = 0.0087 lies just above the stability limit: the chain diverges and restarts
     # now and then, and the runs after a restart are short.
     with GaussianRegression.make(n_obs=500, dim=2, batch_size=50).model():
